@@ -1,0 +1,89 @@
+"""The ``disco`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("disco")
+
+
+def _shape(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in s.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,3,224,224, got {s!r}") from e
+
+
+def _threads(args: argparse.Namespace) -> None:
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .checkpoint import Checkpoint, save_checkpoint
+    from .models import build_model
+    from .tasks import get_task
+    from .train import fit
+
+    task = get_task(args.task)
+    torch.manual_seed(args.seed)
+    name = args.model or task.default_model
+    kwargs = dict(task.model_kwargs)
+    model = build_model(name, weights=args.weights, **kwargs)
+    train, test = task.loaders(args.data, args.batch_size, limit=args.limit)
+    out = Path(args.out)
+    hist = fit(model, train, task.loss, epochs=args.epochs, lr=args.lr, weight_decay=args.wd,
+               state_path=out.with_name(out.name + ".state.pt"),
+               on_epoch=(lambda e: task.evaluate(model, test)) if args.eval_every else None, desc="train")
+    metrics = task.evaluate(model, test)
+    save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=model.state_dict(),
+                               input_shape=list(task.input_shape), task=task.name,
+                               info={"metrics": metrics, "history": hist, "args": vars(args) | {"func": None}}), out)
+    print(json.dumps({"checkpoint": str(out), **metrics}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="disco", description="Distributed DNN inference with sparse communications.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train a dense model (the starting point of DISCO)")
+    t.add_argument("--task", default="cifar10")
+    t.add_argument("--model", help="registered or torchvision model name (default: the task's)")
+    t.add_argument("--weights", help="local state-dict file to start from")
+    t.add_argument("--data", required=True, help="dataset folder")
+    t.add_argument("--epochs", type=int, default=30)
+    t.add_argument("--lr", type=float, default=0.1)
+    t.add_argument("--wd", type=float, default=5e-4)
+    t.add_argument("--batch-size", type=int, default=128)
+    t.add_argument("--limit", type=int, help="use only the first LIMIT images of each split (smoke runs)")
+    t.add_argument("--eval-every", action="store_true", help="evaluate after every epoch")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int)
+    t.add_argument("--out", required=True, help="checkpoint to write (.safetensors); resumes if interrupted")
+    t.set_defaults(func=cmd_train)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _threads(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        log.debug("error", exc_info=True)
+        print(f"disco: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

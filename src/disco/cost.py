@@ -1,0 +1,252 @@
+"""Cost model: bytes, FLOPs, weights and peak activation memory per node, for any kept set.
+
+Conventions (all figures are for the partition's input shape, batch included):
+
+* bytes: one link moves its channel plane once (fp32 unless ``bytes_per_value``);
+  dense within-layer parallelism keeps every link. The input distribution (the
+  leader sends the image to N-1 nodes) and the output gather (non-leader channels of
+  the outputs to the leader) are reported apart.
+* FLOPs: 2 x multiply-accumulates of the mixing ops over the connections a node
+  computes (masked columns skipped), plus the elementwise work of local ops on the
+  channels a node owns (replicated tensors count on every node).
+* weights: mixing layers: the unmasked weight entries of the rows a node owns (+ its
+  bias entries); other parameters with one entry per channel go to that channel's
+  owner; any other parameter (and those of replicated tensors) counts on every node.
+* peak activation memory: a liveness walk over the graph per node: its own channels
+  of each tensor plus the channels it received, freed after their last local use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .graph import REPLICATED, Partition
+from .graph.capture import shape_of
+from .graph.rules import Mixing
+
+
+@dataclass
+class LayerCost:
+    name: str
+    tensor: str  # the exchange that feeds it (fx node of the base tensor(s))
+    shape: list[int]
+    links: int
+    kept: int
+    dense_bytes: int  # bytes of the links this layer is the first consumer of
+    bytes: int
+    flops_dense: int
+    flops: int
+
+
+@dataclass
+class CostReport:
+    nodes: int
+    input_shape: list[int]
+    ratio: float
+    dense_bytes: int
+    bytes: int
+    input_bytes: int
+    output_bytes: int
+    flops_dense: int  # the whole model on one device
+    flops_total: int  # summed over the nodes
+    flops_per_node: list[int]
+    params_dense: int
+    params_per_node: list[int]
+    peak_activation_bytes_per_node: list[int]
+    bytes_per_value: int
+    layers: list[LayerCost] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["layers"] = [asdict(x) for x in self.layers]
+        return d
+
+
+def _connections(part: Partition, kept: np.ndarray) -> list[np.ndarray]:
+    """Per mixing layer: [N] number of weight connections (o, i) each node computes."""
+    out = []
+    for ly in part.layers:
+        per_row = ly.connection_mask(kept).sum(1)
+        out.append(np.bincount(ly.out_owner, weights=per_row, minlength=part.nodes).astype(np.int64))
+    return out
+
+
+def _dense_connections(part: Partition) -> list[int]:
+    return [int(ly.structure().sum()) for ly in part.layers]
+
+
+def params_per_node(part: Partition, kept: np.ndarray) -> list[int]:
+    """Weights each node's shard holds (the same accounting as the exported shards)."""
+    n = part.nodes
+    per = np.zeros(n, dtype=np.int64)
+    counted: set[int] = set()
+    mixing = {ly.name: ly for ly in part.layers}
+    for node in part.gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        m = part.gm.get_submodule(node.target)
+        if node.target in mixing:
+            ly = mixing[node.target]
+            w_size = math.prod(m.weight.shape[2:]) if m.weight.dim() > 2 else 1
+            conns = ly.connection_mask(kept).sum(1).astype(np.int64) * w_size
+            per += np.bincount(ly.out_owner, weights=conns, minlength=n).astype(np.int64)
+            if getattr(m, "bias", None) is not None:
+                per += np.bincount(ly.out_owner, minlength=n).astype(np.int64)
+            counted.update(id(p) for p in m.parameters())
+            continue
+        owner = part.owner.get(node.name)
+        for p in m.parameters(recurse=False):
+            if id(p) in counted:
+                continue
+            counted.add(id(p))
+            if owner is not None and p.dim() >= 1 and p.shape[0] == len(owner) and (owner != REPLICATED).all():
+                per += np.bincount(owner, minlength=n).astype(np.int64) * (p.numel() // p.shape[0])
+            else:
+                per += p.numel()
+    for p in part.gm.parameters():  # parameters not used by a module call (get_attr): everywhere
+        if id(p) not in counted:
+            per += p.numel()
+    return per.tolist()
+
+
+def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: int = 4) -> CostReport:
+    """The cost of running the partitioned model with links ``kept`` (None: dense within-layer)."""
+    kept = part.all_links() if kept is None else np.asarray(kept, dtype=bool)
+    n = part.nodes
+    gm = part.gm
+    by_name = {nd.name: nd for nd in gm.graph.nodes}
+
+    # ---- FLOPs
+    flops = np.zeros(n, dtype=np.int64)
+    conns = _connections(part, kept)
+    dense_conns = _dense_connections(part)
+    layer_rows: list[LayerCost] = []
+    first_consumer: set[int] = set()
+    link_t = part.links.tensor
+    for ly, c, dc in zip(part.layers, conns, dense_conns, strict=True):
+        flops += 2 * ly.macs_per_connection * c
+        ids = np.unique(ly.col_link[ly.col_link >= 0])
+        new = np.array([i for i in ids.tolist() if i not in first_consumer], dtype=np.int64)
+        first_consumer.update(new.tolist())
+        vals = part.links.values
+        tensors = sorted({part.link_tensors[t] for t in link_t[ids].tolist()}) if len(ids) else [ly.input]
+        layer_rows.append(LayerCost(
+            name=ly.name, tensor=",".join(tensors), shape=list(shape_of(by_name[ly.input])), links=len(ids),
+            kept=int(kept[ids].sum()) if len(ids) else 0,
+            dense_bytes=int(vals[new].sum()) * bytes_per_value if len(new) else 0,
+            bytes=int(vals[new][kept[new]].sum()) * bytes_per_value if len(new) else 0,
+            flops_dense=2 * ly.macs_per_connection * dc, flops=int(2 * ly.macs_per_connection * c.sum()),
+        ))
+    flops_dense = sum(r.flops_dense for r in layer_rows)
+    for node in gm.graph.nodes:
+        rule = part.rules.get(node.name)
+        own = part.owner.get(node.name)
+        if rule is None or isinstance(rule, Mixing) or rule.kind in ("view", "static") or own is None:
+            continue
+        shp = shape_of(node)
+        per_ch = math.prod(shp) // len(own)
+        fpe = rule.flops_per_element(_BuilderView(part), node)
+        counts = np.full(n, len(own)) if (own == REPLICATED).all() else np.bincount(own[own >= 0], minlength=n)
+        flops += (counts * per_ch * fpe).astype(np.int64)
+        flops_dense += int(math.prod(shp) * fpe)
+
+    # ---- bytes
+    input_bytes = sum(math.prod(shape_of(nd)) for nd in gm.graph.nodes if nd.op == "placeholder") * (n - 1)
+    output_bytes = 0
+    for nd in gm.graph.nodes:
+        if nd.op == "output":
+            for a in nd.all_input_nodes:
+                own = part.owner.get(a.name)
+                if own is not None:
+                    output_bytes += int(((own != 0) & (own != REPLICATED)).sum()) * (
+                        math.prod(shape_of(a)) // len(own))
+
+    # ---- memory
+    peak = _peak_memory(part, kept, bytes_per_value)
+
+    return CostReport(
+        nodes=n, input_shape=list(part.input_shape), ratio=part.ratio(kept),
+        dense_bytes=part.dense_values() * bytes_per_value, bytes=part.kept_values(kept) * bytes_per_value,
+        input_bytes=input_bytes * bytes_per_value, output_bytes=output_bytes * bytes_per_value,
+        flops_dense=int(flops_dense), flops_total=int(flops.sum()), flops_per_node=flops.tolist(),
+        params_dense=sum(p.numel() for p in part.gm.parameters()),
+        params_per_node=params_per_node(part, kept), peak_activation_bytes_per_node=peak,
+        bytes_per_value=bytes_per_value, layers=layer_rows,
+    )
+
+
+class _BuilderView:
+    """The read-only part of the partition Builder that ``Rule.flops_per_element`` uses."""
+
+    def __init__(self, part: Partition) -> None:
+        self.atoms = {nd: part.owner.get(nd.name) for nd in part.gm.graph.nodes}
+
+    def shape(self, node):  # noqa: ANN001,ANN201
+        return shape_of(node)
+
+
+def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:
+    n = part.nodes
+    gm = part.gm
+    nodes = list(gm.graph.nodes)
+    order = {nd: k for k, nd in enumerate(nodes)}
+    last_use = {nd: max((order[u] for u in nd.users), default=order[nd]) for nd in nodes}
+    # received channel planes per (base tensor, receiver) and when they are last needed
+    recv = np.zeros((len(part.link_tensors), n), dtype=np.int64)
+    np.add.at(recv, (part.links.tensor[kept], part.links.receiver[kept]), part.links.values[kept])
+    tensor_idx = {name: k for k, name in enumerate(part.link_tensors)}
+    recv_last: dict[str, int] = {}
+    by_name = {nd.name: nd for nd in nodes}
+    for ly in part.layers:
+        t_names = {part.link_tensors[t] for t in part.links.tensor[np.unique(ly.col_link[ly.col_link >= 0])]}
+        for t in t_names:
+            recv_last[t] = max(recv_last.get(t, 0), order[by_name[ly.node]])
+    peaks = []
+    for j in range(n):
+        live = 0
+        peak = 0
+        frees: dict[int, int] = {}
+        for k, nd in enumerate(nodes):
+            own = part.owner.get(nd.name)
+            rule = part.rules.get(nd.name)
+            if own is not None and (rule is None or rule.allocates) and nd.op != "output":
+                per_ch = math.prod(shape_of(nd)) // max(1, len(own))
+                size = int(((own == j) | (own == REPLICATED)).sum()) * per_ch * bpv
+                live += size
+                frees[last_use[nd]] = frees.get(last_use[nd], 0) + size
+                if nd.name in tensor_idx:
+                    r = int(recv[tensor_idx[nd.name], j]) * bpv
+                    live += r
+                    frees[recv_last.get(nd.name, k)] = frees.get(recv_last.get(nd.name, k), 0) + r
+            peak = max(peak, live)
+            live -= frees.pop(k, 0)
+        peaks.append(peak)
+    return peaks
+
+
+def format_table(rep: CostReport) -> str:
+    """A per-layer table and the totals, for the terminal."""
+    lines = [f"{'layer':<34}{'input':>18}{'links kept':>14}{'dense KB':>11}{'disco KB':>11}"
+             f"{'MFLOP dense':>13}{'MFLOP disco':>13}"]
+    for r in rep.layers:
+        shp = "x".join(str(s) for s in r.shape[1:])
+        lines.append(f"{r.name[:33]:<34}{shp:>18}{f'{r.kept}/{r.links}':>14}{r.dense_bytes / 1e3:>11.1f}"
+                     f"{r.bytes / 1e3:>11.1f}{r.flops_dense / 1e6:>13.2f}{r.flops / 1e6:>13.2f}")
+    mb = 1e6
+    lines += [
+        "",
+        f"nodes {rep.nodes}, input {tuple(rep.input_shape)}, ratio r = {rep.ratio:.4f}",
+        f"bytes moved: dense {rep.dense_bytes / mb:.3f} MB, disco {rep.bytes / mb:.3f} MB "
+        f"({rep.dense_bytes / max(rep.bytes, 1):.1f}x less); input distribution {rep.input_bytes / mb:.3f} MB, "
+        f"output gather {rep.output_bytes / mb:.3f} MB",
+        f"FLOPs: one device {rep.flops_dense / 1e9:.3f} G, disco total {rep.flops_total / 1e9:.3f} G "
+        f"({rep.flops_total / max(rep.flops_dense, 1):.2f}x), per node "
+        + ", ".join(f"{f / 1e9:.3f}" for f in rep.flops_per_node) + " G",
+        f"weights: whole model {rep.params_dense / 1e6:.3f} M, per node "
+        + ", ".join(f"{p / 1e6:.3f} M ({p / max(rep.params_dense, 1):.2f}x)" for p in rep.params_per_node),
+        "peak activations per node: " + ", ".join(f"{p / mb:.2f} MB" for p in rep.peak_activation_bytes_per_node),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Datasets (loaders yield ``(images, targets)`` batches of float tensors)."""

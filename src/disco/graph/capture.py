@@ -1,0 +1,43 @@
+"""Capture a model as a torch.fx graph with the shape of every value."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+
+class DiscoTracer(fx.Tracer):
+    """Keeps torch.nn modules and every module type with a registered rule as leaves."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        from .rules import module_rule
+
+        return module_rule(type(m)) is not None or super().is_leaf_module(m, qualname)
+
+
+def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
+    """Trace ``model`` (leaf modules share their objects with ``model``) and record shapes."""
+    tracer = DiscoTracer()
+    try:
+        graph = tracer.trace(model)
+    except Exception as e:  # fx raises TraceError and friends for data-dependent control flow
+        raise ValueError(
+            f"cannot capture {type(model).__name__} as a graph with torch.fx: {e}. "
+            "Data-dependent control flow must live inside a leaf module with its own rule."
+        ) from e
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        ShapeProp(gm).propagate(example)
+    model.train(was_training)
+    return gm
+
+
+def shape_of(node: fx.Node) -> tuple[int, ...] | None:
+    """The output shape recorded for ``node``, or None when it is not a tensor."""
+    meta = node.meta.get("tensor_meta")
+    if meta is None or not hasattr(meta, "shape"):
+        return None
+    return tuple(meta.shape)

@@ -1,0 +1,365 @@
+"""Partitioning: ownership of every feature tensor and the links between nodes.
+
+Ownership is solved as data, not per architecture: every channel of every feature
+tensor is an *atom*; mixing ops create fresh atoms, channel-local ops pass atoms
+through, add/mul (and PixelShuffle groups) *unify* atoms in a union-find, and views
+(cat, flatten) build index maps. Each group of unified atoms is then given one owner,
+by a balanced contiguous split of the mixing op that created it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from .capture import capture, shape_of
+from .rules import Mixing, Rule, rule_for
+
+log = logging.getLogger(__name__)
+
+REPLICATED = -1  # owner of a channel that every node holds (the input image)
+
+
+class UnsupportedOpError(ValueError):
+    """An op the partitioner has no rule for, or a use of an op that its rule does not support."""
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent = np.zeros(0, dtype=np.int64)
+
+    def grow(self, n: int) -> np.ndarray:
+        start = len(self.parent)
+        self.parent = np.concatenate([self.parent, np.arange(start, start + n)])
+        return np.arange(start, start + n)
+
+    def find(self, a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, dtype=np.int64).copy()
+        while True:
+            p = self.parent[a]
+            if np.array_equal(p, a):
+                return a
+            self.parent[a] = self.parent[p]  # path halving
+            a = p
+
+    def union(self, a: np.ndarray, b: np.ndarray) -> None:
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            rx, ry = self.find(np.array([x]))[0], self.find(np.array([y]))[0]
+            if rx != ry:
+                self.parent[max(rx, ry)] = min(rx, ry)
+
+
+class Builder:
+    """What rules see while ownership is inferred: atoms, channel dims and shapes per node."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.uf = _UnionFind()
+        self.blocks: list[np.ndarray] = []  # atoms created by each mixing op, in creation order
+        self.atoms: dict[fx.Node, np.ndarray | None] = {}
+        self.cdim: dict[fx.Node, int] = {}
+        self.sources: dict[fx.Node, list[tuple[fx.Node, np.ndarray]]] = {}
+
+    # queries
+    def shape(self, node: fx.Node) -> tuple[int, ...] | None:
+        return shape_of(node)
+
+    def replicated(self, node: fx.Node) -> bool:
+        a = self.atoms[node]
+        return a is not None and bool((a == REPLICATED).all())
+
+    # updates
+    def new_atoms(self, n: int) -> np.ndarray:
+        a = self.uf.grow(n)
+        self.blocks.append(a)
+        return a
+
+    def set(self, node: fx.Node, atoms: np.ndarray, cdim: int) -> None:
+        self.atoms[node], self.cdim[node] = np.asarray(atoms, dtype=np.int64), cdim
+
+    def set_static(self, node: fx.Node) -> None:
+        self.atoms[node] = None
+
+    def set_view(self, node: fx.Node, segments: list[tuple[fx.Node, np.ndarray]], cdim: int) -> None:
+        self.sources[node] = segments
+        self.set(node, np.concatenate([self.atoms[a][idx] for a, idx in segments]), cdim)
+
+    def couple(self, node: fx.Node, a: fx.Node, b: fx.Node) -> None:
+        """Operands ``a`` and ``b`` of ``node`` must have the same owner per channel."""
+        xa, xb = self.atoms[a], self.atoms[b]
+        if len(xa) != len(xb):
+            self.unsupported(node, f"combines {len(xa)} with {len(xb)} channels")
+        self.couple_atoms(xa, xb)
+
+    def couple_atoms(self, xa: np.ndarray, xb: np.ndarray) -> None:
+        both = (xa != REPLICATED) & (xb != REPLICATED)
+        self.uf.union(xa[both], xb[both])
+
+    def unsupported(self, node: fx.Node, why: str) -> None:
+        raise UnsupportedOpError(f"{describe(node, self.gm)} {why}")
+
+
+def describe(node: fx.Node, gm: fx.GraphModule) -> str:
+    """'call_function torch.cat (node cat_1, module layer1.0)' for error messages."""
+    if node.op == "call_module":
+        what = f"module {type(gm.get_submodule(node.target)).__name__} at '{node.target}'"
+    else:
+        target = getattr(node.target, "__name__", str(node.target))
+        mod = getattr(node.target, "__module__", None)
+        stack = node.meta.get("nn_module_stack") or {}
+        path = next(reversed(stack.values()))[0] if stack else ""
+        path = path if isinstance(path, str) else str(path)
+        what = f"{node.op} {mod + '.' if mod and node.op == 'call_function' else ''}{target} " \
+               f"(node '{node.name}', in module '{path or '<root>'}')"
+    return what
+
+
+def split_owner(n: int, nodes: int) -> np.ndarray:
+    """Balanced contiguous split of n channels over ``nodes`` (the first n % nodes get one more)."""
+    base, extra = divmod(n, nodes)
+    sizes = [base + (k < extra) for k in range(nodes)]
+    return np.repeat(np.arange(nodes), sizes)
+
+
+@dataclass
+class MixingLayer:
+    """One mixing op: its weight columns, their links and the owner of each output channel."""
+
+    name: str  # module path in the model
+    node: str
+    rule: Mixing
+    input: str  # the fx node feeding it
+    out_owner: np.ndarray  # [O]
+    col_link: np.ndarray  # [N, I]: link id, LOCAL (own or replicated) or UNREAD
+    macs_per_connection: int
+    groups: int = 1
+
+    LOCAL: int = -1
+    UNREAD: int = -2
+
+    def allowed(self, kept: np.ndarray) -> np.ndarray:
+        """[N, I] bool: which input channels node j may read, given the kept links."""
+        cl = self.col_link
+        return (cl == self.LOCAL) | ((cl >= 0) & kept[np.maximum(cl, 0)])
+
+    def structure(self) -> np.ndarray:
+        """[O, I] bool: the connections the op has at all (block diagonal with groups)."""
+        o, i, g = len(self.out_owner), self.col_link.shape[1], self.groups
+        return (np.arange(o) // (o // g))[:, None] == (np.arange(i) // (i // g))[None, :]
+
+    def connection_mask(self, kept: np.ndarray) -> np.ndarray:
+        """[O, I] bool: where output o may read input i (structure and kept links)."""
+        allow = self.allowed(kept)[self.out_owner]
+        return allow if self.groups == 1 else allow & self.structure()
+
+
+@dataclass
+class Links:
+    """All links: parallel arrays over link ids."""
+
+    tensor: np.ndarray  # index into Partition.link_tensors
+    receiver: np.ndarray
+    channel: np.ndarray
+    values: np.ndarray  # values moved per link (channel plane x batch)
+
+    def __len__(self) -> int:
+        return len(self.tensor)
+
+
+@dataclass
+class Partition:
+    """The result of partitioning a model for N nodes (see DESIGN.md: ownership, links)."""
+
+    nodes: int
+    gm: fx.GraphModule
+    input_shape: tuple[int, ...]
+    owner: dict[str, np.ndarray | None]  # per fx node name: owner per channel (REPLICATED = -1)
+    cdim: dict[str, int]
+    base: dict[str, tuple[np.ndarray, np.ndarray]]  # per node: (base tensor name idx, base channel)
+    base_names: list[str]
+    layers: list[MixingLayer]
+    links: Links
+    link_tensors: list[str]
+    rules: dict[str, Rule] = field(repr=False)
+
+    @property
+    def n_links(self) -> int:
+        return len(self.links)
+
+    def layer(self, name: str) -> MixingLayer:
+        for ly in self.layers:
+            if ly.name == name:
+                return ly
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """A hash of N, the input shape, the graph, the ownership and the links."""
+        h = hashlib.sha256()
+        h.update(f"{self.nodes}|{self.input_shape}".encode())
+        for n in self.gm.graph.nodes:
+            h.update(f"{n.op}|{n.name}|{n.target}|{shape_of(n)}".encode())
+        for ly in self.layers:
+            h.update(ly.name.encode())
+            h.update(ly.out_owner.tobytes())
+            h.update(ly.col_link.tobytes())
+        for arr in (self.links.tensor, self.links.receiver, self.links.channel, self.links.values):
+            h.update(np.ascontiguousarray(arr).tobytes())
+        return h.hexdigest()[:32]
+
+    def dense_values(self) -> int:
+        return int(self.links.values.sum())
+
+    def kept_values(self, kept: np.ndarray) -> int:
+        return int(self.links.values[kept].sum())
+
+    def ratio(self, kept: np.ndarray) -> float:
+        total = self.dense_values()
+        return self.kept_values(kept) / total if total else 0.0
+
+    def all_links(self) -> np.ndarray:
+        return np.ones(self.n_links, dtype=bool)
+
+    def no_links(self) -> np.ndarray:
+        return np.zeros(self.n_links, dtype=bool)
+
+
+def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: int) -> Partition:
+    """Trace ``model`` on ``example`` (a tensor or an input shape) and partition it over ``nodes``.
+
+    Raises :class:`UnsupportedOpError` naming the op and its module path when an op
+    has no rule.
+    """
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    if not isinstance(example, torch.Tensor):
+        example = torch.zeros(tuple(example))
+    gm = capture(model, example)
+    b = Builder(gm)
+    rules: dict[str, Rule] = {}
+    for node in gm.graph.nodes:
+        shp = shape_of(node)
+        if node.op in ("placeholder", "get_attr"):
+            if shp is None:
+                b.set_static(node)
+            else:
+                cd = 1 if len(shp) > 1 else 0
+                b.set(node, np.full(shp[cd], REPLICATED), cd)
+            continue
+        if node.op == "output":
+            continue
+        rule = rule_for(node, gm)
+        if rule is None:
+            raise UnsupportedOpError(
+                f"no op rule for {describe(node, gm)}; add one with disco.graph.rules.register_*_rule"
+            )
+        module = gm.get_submodule(node.target) if node.op == "call_module" else None
+        rule.infer(b, node, module)
+        rules[node.name] = rule
+
+    # owners: each unified group takes the balanced-split owner of its first-created atom
+    roots_owner = np.full(len(b.uf.parent), REPLICATED, dtype=np.int64)
+    for block in b.blocks:
+        roots = b.uf.find(block)
+        split = split_owner(len(block), nodes)
+        for r, o in zip(roots.tolist(), split.tolist(), strict=True):
+            if roots_owner[r] == REPLICATED:
+                roots_owner[r] = o
+
+    def owner_of(atoms: np.ndarray) -> np.ndarray:
+        out = np.full(len(atoms), REPLICATED, dtype=np.int64)
+        live = atoms != REPLICATED
+        out[live] = roots_owner[b.uf.find(atoms[live])]
+        return out
+
+    owner: dict[str, np.ndarray | None] = {}
+    base: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    base_names: list[str] = []
+    for node in gm.graph.nodes:
+        atoms = b.atoms.get(node)
+        if atoms is None:
+            owner[node.name] = None
+            continue
+        owner[node.name] = owner_of(atoms)
+        if node in b.sources:  # a view: channels of its operands
+            ts, cs = zip(*[(base[a.name][0][idx], base[a.name][1][idx]) for a, idx in b.sources[node]], strict=True)
+            base[node.name] = (np.concatenate(ts), np.concatenate(cs))
+        else:
+            base_names.append(node.name)
+            base[node.name] = (np.full(len(atoms), len(base_names) - 1), np.arange(len(atoms)))
+
+    layers, links, link_tensors = _find_links(gm, b, rules, owner, base, base_names, nodes)
+    part = Partition(
+        nodes=nodes, gm=gm, input_shape=tuple(example.shape), owner=owner,
+        cdim={n.name: c for n, c in b.cdim.items()}, base=base, base_names=base_names, layers=layers,
+        links=links, link_tensors=link_tensors, rules=rules,
+    )
+    log.info("partitioned %s over %d nodes: %d mixing layers, %d links", type(model).__name__, nodes,
+             len(layers), len(links))
+    return part
+
+
+def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,ANN202
+    by_name = {n.name: n for n in gm.graph.nodes}
+    raw: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    layer_specs = []
+    seen_modules: set[str] = set()
+    for node in gm.graph.nodes:
+        rule = rules.get(node.name)
+        if not isinstance(rule, Mixing):
+            continue
+        if node.target in seen_modules:
+            b.unsupported(node, "is called more than once (shared weights need one mask per call)")
+        seen_modules.add(node.target)
+        module = gm.get_submodule(node.target)
+        x = next(a for a in node.all_input_nodes if b.atoms.get(a) is not None)
+        o, i, g = rule.structure(module)
+        out_owner = owner[node.name]
+        col_owner = owner[x.name]
+        present = np.zeros((nodes, g), dtype=bool)
+        present[out_owner, np.arange(o) // (o // g)] = True
+        reads = present[:, np.arange(i) // (i // g)]  # [N, I]
+        need = reads & (col_owner[None, :] != REPLICATED) & (col_owner[None, :] != np.arange(nodes)[:, None])
+        j_idx, i_idx = np.nonzero(need)
+        bt, bc = base[x.name]
+        raw.append((len(layer_specs), j_idx, i_idx, bt[i_idx], bc[i_idx]))
+        layer_specs.append((node, module, rule, x, out_owner, reads))
+    # deduplicate (tensor, receiver, channel) across all consumers
+    maxc = max((len(base[n][0]) for n in base), default=1) + 1
+    if raw:
+        keys = np.concatenate([((bt * nodes + j) * maxc + bc) for _, j, _, bt, bc in raw])
+    else:
+        keys = np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    t_of = uniq // maxc // nodes
+    # renumber tensors to the ones that have links, in graph order
+    used = sorted(set(t_of.tolist()))
+    remap = {t: k for k, t in enumerate(used)}
+    link_tensors = [base_names[t] for t in used]
+
+    def plane(name: str) -> int:
+        shp = shape_of(by_name[name])
+        return math.prod(shp) // shp[b.cdim[by_name[name]]]
+
+    links = Links(
+        tensor=np.array([remap[t] for t in t_of.tolist()], dtype=np.int64),
+        receiver=(uniq // maxc) % nodes,
+        channel=uniq % maxc,
+        values=np.array([plane(base_names[t]) for t in t_of.tolist()], dtype=np.int64),
+    )
+    layers = []
+    pos = 0
+    for (node, module, rule, x, out_owner, reads), (_, j_idx, i_idx, _, _) in zip(layer_specs, raw, strict=True):
+        col_link = np.where(reads, MixingLayer.LOCAL, MixingLayer.UNREAD).astype(np.int64)
+        col_link[j_idx, i_idx] = inverse[pos:pos + len(j_idx)]
+        pos += len(j_idx)
+        layers.append(MixingLayer(
+            name=node.target, node=node.name, rule=rule, input=x.name, out_owner=out_owner, col_link=col_link,
+            macs_per_connection=rule.macs_per_connection(b, node, x, module), groups=g,
+        ))
+    return layers, links, link_tensors

@@ -1,0 +1,435 @@
+"""Op rules: how channel ownership flows through each op, and which ops mix channels.
+
+A rule is a small stateless object registered for a module type, a function or a
+method name. The partitioner never looks at an op's type itself: it asks the rule.
+
+Kinds of rule:
+
+* ``local``   channel-local compute (BatchNorm, activations, pooling, add, mul, ...):
+  each output channel is computed from the same channel of the inputs, so output
+  ownership follows input ownership; operands of add/mul are *coupled* (unified).
+* ``view``    no compute and no new link (cat, flatten, identity, dropout): every
+  output channel *is* a channel of an input, given as an index map.
+* ``mixing``  output channels read many input channels (Conv2d, ConvTranspose2d,
+  Linear): output channels get a fresh balanced ownership; the weight columns that
+  cross nodes are the links, and the ones the kept set drops are masked.
+* ``static``  values that are not feature tensors (``x.size(0)``): computed everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+if TYPE_CHECKING:
+    from .partition import Builder
+
+_MODULE_RULES: dict[type, Rule] = {}
+_FUNCTION_RULES: dict[Callable[..., Any], Rule] = {}
+_METHOD_RULES: dict[str, Rule] = {}
+
+
+def register_module_rule(*types: type) -> Callable[[Rule], Rule]:
+    """Register ``rule`` for module types (subclasses inherit it unless they have their own)."""
+
+    def deco(rule: Rule) -> Rule:
+        for t in types:
+            _MODULE_RULES[t] = rule
+        return rule
+
+    return deco
+
+
+def register_function_rule(*fns: Callable[..., Any]) -> Callable[[Rule], Rule]:
+    def deco(rule: Rule) -> Rule:
+        for f in fns:
+            _FUNCTION_RULES[f] = rule
+        return rule
+
+    return deco
+
+
+def register_method_rule(*names: str) -> Callable[[Rule], Rule]:
+    def deco(rule: Rule) -> Rule:
+        for n in names:
+            _METHOD_RULES[n] = rule
+        return rule
+
+    return deco
+
+
+def module_rule(t: type) -> Rule | None:
+    for cls in t.__mro__:
+        if cls in _MODULE_RULES:
+            return _MODULE_RULES[cls]
+    return None
+
+
+def rule_for(node: fx.Node, gm: fx.GraphModule) -> Rule | None:
+    """The rule for a call node, or None when there is none."""
+    if node.op == "call_module":
+        return module_rule(type(gm.get_submodule(node.target)))
+    if node.op == "call_function":
+        return _FUNCTION_RULES.get(node.target)
+    if node.op == "call_method":
+        return _METHOD_RULES.get(node.target)
+    return None
+
+
+def tensor_args(node: fx.Node, b: Builder) -> list[fx.Node]:
+    """The node's arguments that are feature tensors, in order."""
+    out: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), lambda a: out.append(a) if b.atoms.get(a) is not None else None)
+    return out
+
+
+def _arg(node: fx.Node, i: int, name: str, default: Any) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+class Rule:
+    """Base rule. Subclasses set ``kind`` and implement :meth:`infer`."""
+
+    kind: ClassVar[str] = "local"
+    allocates: ClassVar[bool] = True  # does the op allocate its output (views may not)
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        raise NotImplementedError
+
+    def flops_per_element(self, b: Builder, node: fx.Node) -> float:
+        """FLOPs per output element of the op (local rules)."""
+        ins = tensor_args(node, b)
+        if not ins:
+            return 0.0
+        return max(1.0, math.prod(b.shape(ins[0])) / max(1, math.prod(b.shape(node))))
+
+
+class Static(Rule):
+    """A value that is not a feature tensor (sizes, shapes): computed on every node."""
+
+    kind = "static"
+    allocates = False
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        if b.shape(node) is not None and tensor_args(node, b):
+            b.unsupported(node, "returns a tensor derived from a feature tensor, which a static rule cannot own")
+        b.set_static(node)
+
+
+class Local(Rule):
+    """Channel-local unary op: output channel c depends on input channel c only."""
+
+    def __init__(self, flops: float | None = None) -> None:
+        self._flops = flops
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        ins = tensor_args(node, b)
+        if not ins:
+            b.unsupported(node, "has no feature-tensor input")
+        x = ins[0]
+        cdim = b.cdim[x]
+        out = b.shape(node)
+        if out is None or len(out) <= cdim or out[cdim] != len(b.atoms[x]):
+            b.unsupported(node, f"changes the channel dimension ({b.shape(x)} -> {out})")
+        for other in ins[1:]:  # e.g. a gate passed as a second argument
+            b.couple(node, x, other)
+        b.set(node, b.atoms[x], cdim)
+
+    def flops_per_element(self, b: Builder, node: fx.Node) -> float:
+        return self._flops if self._flops is not None else super().flops_per_element(b, node)
+
+
+class Elementwise(Rule):
+    """add, mul, sub, div with broadcasting: operands of equal channel count are coupled."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        ins = tensor_args(node, b)
+        out = b.shape(node)
+        if out is None:
+            b.set_static(node)
+            return
+        full = [a for a in ins if b.shape(a) == out] or ins
+        main = next((a for a in full if not b.replicated(a)), full[0])
+        cdim = b.cdim[main]
+        for other in ins:
+            if other is main:
+                continue
+            shp = b.shape(other)
+            d = cdim - (len(out) - len(shp))
+            if d < 0 or shp[d] == 1:  # broadcast over channels
+                if not b.replicated(other):
+                    b.unsupported(node, "broadcasts a node-owned tensor over the channels of another")
+                continue
+            b.couple(node, main, other)
+        b.set(node, b.atoms[main], cdim)
+
+
+class View(Rule):
+    """Identity-like ops (Identity, Dropout, contiguous): the output is the input."""
+
+    kind = "view"
+    allocates = False
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        b.set_view(node, [(x, np.arange(len(b.atoms[x])))], b.cdim[x])
+
+
+class Cat(Rule):
+    """torch.cat: along the channel dim a view (index map); along another dim operands are coupled."""
+
+    kind = "view"
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        ins = [a for a in _arg(node, 0, "tensors", []) if isinstance(a, fx.Node)]
+        rank = len(b.shape(node))
+        dim = _arg(node, 1, "dim", 0) % rank
+        if any(b.atoms.get(a) is None for a in ins):
+            b.unsupported(node, "concatenates a value that is not a feature tensor")
+        cdims = {b.cdim[a] for a in ins}
+        if len(cdims) != 1:
+            b.unsupported(node, "concatenates tensors whose channel dims differ")
+        cdim = cdims.pop()
+        if dim == cdim:
+            b.set_view(node, [(a, np.arange(len(b.atoms[a]))) for a in ins], cdim)
+        else:
+            main = next((a for a in ins if not b.replicated(a)), ins[0])
+            for other in ins:
+                if other is not main:
+                    b.couple(node, main, other)
+            b.set(node, b.atoms[main], cdim)
+
+
+class Flatten(Rule):
+    """flatten / view / reshape that merges a run of dims (the only reshapes supported)."""
+
+    kind = "view"
+    allocates = False
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        s, t, c = b.shape(x), b.shape(node), b.cdim[x]
+        span = _merged_span(s, t)
+        if span is None:
+            b.unsupported(node, f"reshapes {s} -> {t}, which is not a flatten of consecutive dims")
+        lo, hi = span
+        n_ch = len(b.atoms[x])
+        if c < lo:
+            b.set_view(node, [(x, np.arange(n_ch))], c)
+        elif c > hi:
+            b.set_view(node, [(x, np.arange(n_ch))], c - (hi - lo))
+        else:  # the channel dim is merged: every output feature is one channel's value
+            inner = math.prod(s[c + 1:hi + 1])
+            idx = (np.arange(math.prod(s[lo:hi + 1])) // inner) % n_ch
+            b.set_view(node, [(x, idx)], lo)
+
+
+def _merged_span(s: tuple[int, ...], t: tuple[int, ...]) -> tuple[int, int] | None:
+    """If ``t`` is ``s`` with dims lo..hi merged into one, return (lo, hi)."""
+    if s == t:
+        return (len(s), len(s) - 1)  # nothing merged: an empty span past the end
+    k = len(s) - len(t)
+    if k < 1:
+        return None
+    for lo in range(len(t)):
+        hi = lo + k
+        if s[:lo] == t[:lo] and s[hi + 1:] == t[lo + 1:] and math.prod(s[lo:hi + 1]) == t[lo]:
+            return (lo, hi)
+    return None
+
+
+class MeanRule(Rule):
+    """x.mean(dims): channel-local when the channel dim is not reduced."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        rank, c = len(b.shape(x)), b.cdim[x]
+        dims = _arg(node, 1, "dim", None)
+        dims = list(range(rank)) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+        dims = [d % rank for d in dims]
+        if c in dims:
+            b.unsupported(node, "reduces over the channel dim")
+        keep = _arg(node, 2, "keepdim", False)
+        b.set(node, b.atoms[x], c if keep else c - sum(d < c for d in dims))
+
+
+class PixelShuffleRule(Rule):
+    """PixelShuffle(r): the r*r input channels of one output channel are coupled (same owner)."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        r2 = module.upscale_factor ** 2
+        a = b.atoms[x]
+        for k in range(1, r2):
+            b.couple_atoms(a[0::r2], a[k::r2])
+        b.set(node, a[0::r2], b.cdim[x])
+
+
+class PixelUnshuffleRule(Rule):
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        b.set(node, np.repeat(b.atoms[x], module.downscale_factor ** 2), b.cdim[x])
+
+
+class Mixing(Rule):
+    """An op whose output channels read many input channels through a weight.
+
+    The weight is seen as an [out, in] connection matrix (groups give a block
+    diagonal); :meth:`to_oi` and :meth:`from_oi` convert between the weight's
+    layout and that matrix.
+    """
+
+    kind = "mixing"
+
+    def structure(self, module: nn.Module) -> tuple[int, int, int]:
+        """(out channels, in channels, groups)."""
+        raise NotImplementedError
+
+    def out_cdim(self, b: Builder, node: fx.Node, x: fx.Node) -> int:
+        return 1
+
+    def macs_per_connection(self, b: Builder, node: fx.Node, x: fx.Node, module: nn.Module) -> int:
+        raise NotImplementedError
+
+    def to_oi(self, module: nn.Module, w: Tensor) -> Tensor:
+        """A weight-shaped tensor reduced (summed) to the [out, in] connection matrix."""
+        raise NotImplementedError
+
+    def from_oi(self, module: nn.Module, m: Tensor) -> Tensor:
+        """An [out, in] matrix expanded to the weight's shape."""
+        raise NotImplementedError
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        ins = tensor_args(node, b)
+        if len(ins) != 1:
+            b.unsupported(node, "mixing op with other than one feature-tensor input")
+        x = ins[0]
+        o, i, g = self.structure(module)
+        if len(b.atoms[x]) != i:
+            b.unsupported(node, f"expects {i} input channels along dim {b.cdim[x]}, got {b.shape(x)}")
+        cdim = self.out_cdim(b, node, x)
+        if i // g == 1 and not b.replicated(x):  # depthwise: output channel o reads input o // (o/g)
+            b.set(node, b.atoms[x][np.arange(o) // (o // g)], cdim)
+        else:
+            b.set(node, b.new_atoms(o), cdim)
+
+    def _group_cols(self, o: int, i: int, g: int) -> Tensor:
+        """[o, i/g] index of the input channel each weight column reads."""
+        return (torch.arange(o) // (o // g))[:, None] * (i // g) + torch.arange(i // g)[None, :]
+
+
+class ConvRule(Mixing):
+    def structure(self, m: nn.Module) -> tuple[int, int, int]:
+        return m.out_channels, m.in_channels, m.groups
+
+    def macs_per_connection(self, b: Builder, node: fx.Node, x: fx.Node, m: nn.Module) -> int:
+        return math.prod(m.kernel_size) * math.prod(b.shape(node)[2:]) * b.shape(node)[0]
+
+    def to_oi(self, m: nn.Module, w: Tensor) -> Tensor:
+        o, i, g = self.structure(m)
+        red = w.reshape(o, i // g, -1).sum(-1)
+        if g == 1:
+            return red
+        return torch.zeros(o, i, dtype=w.dtype, device=w.device).scatter_(1, self._group_cols(o, i, g), red)
+
+    def from_oi(self, m: nn.Module, mat: Tensor) -> Tensor:
+        o, i, g = self.structure(m)
+        cols = mat if g == 1 else mat.gather(1, self._group_cols(o, i, g).to(mat.device))
+        return cols.reshape(o, i // g, *([1] * len(m.kernel_size))).expand_as(m.weight)
+
+
+class ConvTransposeRule(ConvRule):
+    """Weight [in, out/groups, k...]: entry (i, o') connects input i to output g(i)*out/g + o'."""
+
+    def macs_per_connection(self, b: Builder, node: fx.Node, x: fx.Node, m: nn.Module) -> int:
+        return math.prod(m.kernel_size) * math.prod(b.shape(x)[2:]) * b.shape(x)[0]
+
+    def _rows(self, m: nn.Module) -> Tensor:
+        o, i, g = self.structure(m)
+        return (torch.arange(i) // (i // g))[:, None] * (o // g) + torch.arange(o // g)[None, :]
+
+    def to_oi(self, m: nn.Module, w: Tensor) -> Tensor:
+        o, i, g = self.structure(m)
+        red = w.reshape(i, o // g, -1).sum(-1)  # [i, o/g]
+        out = torch.zeros(o, i, dtype=w.dtype, device=w.device)
+        out[self._rows(m).to(w.device), torch.arange(i, device=w.device)[:, None]] = red
+        return out
+
+    def from_oi(self, m: nn.Module, mat: Tensor) -> Tensor:
+        o, i, g = self.structure(m)
+        sel = mat[self._rows(m).to(mat.device), torch.arange(i, device=mat.device)[:, None]]  # [i, o/g]
+        return sel.reshape(i, o // g, *([1] * len(m.kernel_size))).expand_as(m.weight)
+
+
+class LinearRule(Mixing):
+    """Linear over the last dim (B x F features, or B x T x D tokens)."""
+
+    def structure(self, m: nn.Module) -> tuple[int, int, int]:
+        return m.out_features, m.in_features, 1
+
+    def out_cdim(self, b: Builder, node: fx.Node, x: fx.Node) -> int:
+        if b.cdim[x] != len(b.shape(x)) - 1:
+            b.unsupported(node, "Linear applied to a tensor whose channel dim is not the last")
+        return b.cdim[x]
+
+    def macs_per_connection(self, b: Builder, node: fx.Node, x: fx.Node, m: nn.Module) -> int:
+        return math.prod(b.shape(x)[:-1])
+
+    def to_oi(self, m: nn.Module, w: Tensor) -> Tensor:
+        return w
+
+    def from_oi(self, m: nn.Module, mat: Tensor) -> Tensor:
+        return mat
+
+
+# ---- the registry --------------------------------------------------------------------------
+
+register_module_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)(ConvRule())
+register_module_rule(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)(ConvTransposeRule())
+register_module_rule(nn.Linear)(LinearRule())
+register_module_rule(nn.modules.batchnorm._BatchNorm)(Local(flops=2))
+register_module_rule(
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh,
+    nn.ELU, nn.Hardtanh, nn.Mish, nn.Softplus, nn.PReLU,
+)(Local(flops=1))
+register_module_rule(
+    nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.Upsample,
+)(Local())
+register_module_rule(nn.PixelShuffle)(PixelShuffleRule())
+register_module_rule(nn.PixelUnshuffle)(PixelUnshuffleRule())
+register_module_rule(nn.Identity, nn.Dropout, nn.Dropout2d)(View())
+register_module_rule(nn.Flatten)(Flatten())
+
+register_function_rule(
+    F.relu, F.relu6, F.leaky_relu, F.silu, F.gelu, F.hardswish, F.hardsigmoid, F.sigmoid, F.tanh, F.elu,
+    F.hardtanh, torch.relu, torch.sigmoid, torch.tanh, F.mish,
+)(Local(flops=1))
+register_function_rule(
+    F.interpolate, F.adaptive_avg_pool2d, F.adaptive_max_pool2d, F.avg_pool2d, F.max_pool2d,
+    F.adaptive_avg_pool1d, F.avg_pool1d, F.max_pool1d,
+)(Local())
+register_function_rule(
+    operator.add, operator.mul, operator.sub, operator.truediv, operator.iadd, operator.imul,
+    torch.add, torch.mul, torch.sub, torch.div,
+)(Elementwise())
+register_function_rule(torch.cat, torch.concat)(Cat())
+register_function_rule(torch.flatten, torch.reshape)(Flatten())
+register_function_rule(F.dropout, F.dropout2d)(View())
+register_function_rule(getattr, operator.getitem)(Static())
+
+register_method_rule("relu", "relu_", "sigmoid", "sigmoid_", "tanh", "clamp", "clamp_")(Local(flops=1))
+register_method_rule("add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_")(Elementwise())
+register_method_rule("flatten", "view", "reshape")(Flatten())
+register_method_rule("contiguous")(View())
+register_method_rule("size", "dim")(Static())
+register_method_rule("mean")(MeanRule())

@@ -1,0 +1,83 @@
+"""Model registry: project models by name, torchvision models as a fallback.
+
+A model is identified by a *config*: ``{"name": ..., "kwargs": {...}}``. The config
+travels inside checkpoints so that a checkpoint can always rebuild its architecture.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator: register a model factory under ``name``."""
+
+    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def list_models() -> list[str]:
+    """Names of the models registered in the project (torchvision names work too)."""
+    return sorted(_REGISTRY)
+
+
+def build_model(name: str, weights: str | Path | None = None, **kwargs: Any) -> nn.Module:
+    """Build a registered or torchvision model with random weights, or load ``weights``.
+
+    ``weights`` is a local file (a ``state_dict`` saved with ``torch.save`` or a
+    ``.safetensors`` file): there is no download.
+    """
+    if name in _REGISTRY:
+        model = _REGISTRY[name](**kwargs)
+    else:
+        import torchvision
+
+        try:
+            model = torchvision.models.get_model(name, weights=None, **kwargs)
+        except ValueError as e:
+            raise ValueError(
+                f"unknown model {name!r}: not registered in disco ({', '.join(list_models())}) "
+                "and not a torchvision model name"
+            ) from e
+    if weights is not None:
+        load_weights(model, weights)
+    return model.eval()
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a local state-dict file (``.pth``/``.pt`` or ``.safetensors``) into ``model``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"weights {path} do not fit the model: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
+        )
+    log.info("loaded weights from %s", path)
+
+
+from . import cifar_resnet  # noqa: E402,F401  (registers the CIFAR ResNets)

@@ -1,0 +1,35 @@
+"""Tasks: data, loss, metric and default model of one application (a registry by name)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import Tensor, nn
+
+_TASKS: dict[str, type] = {}
+
+
+class Task(Protocol):
+    name: str
+    input_shape: tuple[int, ...]
+    default_model: str
+    model_kwargs: dict[str, Any]
+
+    def loaders(self, data: str, batch_size: int, limit: int | None = None) -> tuple[Any, Any]: ...
+    def loss(self, out: Tensor, target: Tensor) -> Tensor: ...
+    def distill(self, out: Tensor, teacher_out: Tensor) -> Tensor: ...
+    def evaluate(self, model: nn.Module, loader: Any) -> dict[str, float]: ...
+
+
+def register_task(cls: type) -> type:
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def get_task(name: str) -> Task:
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(_TASKS))}")
+    return _TASKS[name]()
+
+
+from . import classification  # noqa: E402,F401

@@ -1,0 +1,118 @@
+"""A small, resumable training loop shared by every task (dense training and DISCO fine-tuning)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+
+class StepHook(Protocol):
+    """Called after every optimiser step (the pruning schedule is one); must be resumable."""
+
+    def __call__(self, step: int, total_steps: int) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def cosine_with_warmup(total: int, warmup: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+    return f
+
+
+def fit(
+    model: nn.Module,
+    train_loader: Iterable[tuple[Tensor, Tensor]],
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    *,
+    epochs: int,
+    lr: float = 0.1,
+    weight_decay: float = 5e-4,
+    warmup_epochs: float = 1.0,
+    state_path: str | Path | None = None,
+    teacher: nn.Module | None = None,
+    distill_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+    distill_weight: float = 0.0,
+    hook: StepHook | None = None,
+    on_epoch: Callable[[int], dict[str, float]] | None = None,
+    desc: str = "train",
+) -> list[dict[str, float]]:
+    """Train with SGD (momentum 0.9, Nesterov), cosine schedule with warmup.
+
+    With ``state_path`` the run checkpoints after every epoch and continues from there
+    when started again. ``teacher`` with ``distill_fn`` adds ``distill_weight * distill_fn``.
+    Returns one dict per epoch (loss and whatever ``on_epoch`` measured).
+    """
+    steps_per_epoch = len(train_loader)  # type: ignore[arg-type]
+    total = epochs * steps_per_epoch
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim > 1 else no_decay).append(p)
+    opt = torch.optim.SGD(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, momentum=0.9, nesterov=True,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(total, int(warmup_epochs * steps_per_epoch)))
+    history: list[dict[str, float]] = []
+    start_epoch = 0
+    state_path = Path(state_path) if state_path else None
+    if state_path and state_path.is_file():
+        st = torch.load(state_path, map_location="cpu", weights_only=False)
+        if hook is not None:
+            hook.load_state_dict(st["hook"])  # masks first: they shape the model's state
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optim"])
+        sched.load_state_dict(st["sched"])
+        start_epoch, history = st["epoch"], st["history"]
+        torch.set_rng_state(st["rng"])
+        log.info("resumed %s at epoch %d/%d", state_path, start_epoch, epochs)
+    if teacher is not None:
+        teacher.eval()
+    for epoch in range(start_epoch, epochs):
+        model.train()
+        tot, n = 0.0, 0
+        bar = tqdm(train_loader, desc=f"{desc} {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
+        for i, (x, y) in enumerate(bar):
+            out = model(x)
+            loss = loss_fn(out, y)
+            if teacher is not None and distill_fn is not None and distill_weight > 0:
+                with torch.no_grad():
+                    t_out = teacher(x)
+                loss = (1 - distill_weight) * loss + distill_weight * distill_fn(out, t_out)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            if hook is not None:
+                hook(epoch * steps_per_epoch + i + 1, total)
+            tot += loss.item() * len(y)
+            n += len(y)
+            if i % 20 == 0:
+                bar.set_postfix(loss=f"{tot / n:.3f}", lr=f"{sched.get_last_lr()[0]:.3g}")
+        rec = {"epoch": epoch + 1, "loss": tot / max(n, 1)}
+        if on_epoch is not None:
+            rec.update(on_epoch(epoch + 1))
+        history.append(rec)
+        log.info("%s epoch %d/%d %s", desc, epoch + 1, epochs, {k: round(v, 4) for k, v in rec.items()})
+        if state_path:
+            tmp = state_path.with_name(state_path.name + ".tmp")
+            torch.save({
+                "epoch": epoch + 1, "model": model.state_dict(), "optim": opt.state_dict(),
+                "sched": sched.state_dict(), "history": history, "rng": torch.get_rng_state(),
+                "hook": hook.state_dict() if hook is not None else None,
+            }, tmp)
+            tmp.replace(state_path)
+    return history
