@@ -13,13 +13,6 @@ import torch
 log = logging.getLogger("disco")
 
 
-def _shape(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in s.split(","))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,3,224,224, got {s!r}") from e
-
-
 def _threads(args: argparse.Namespace) -> None:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
@@ -69,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int)
     t.add_argument("--out", required=True, help="checkpoint to write (.safetensors); resumes if interrupted")
     t.set_defaults(func=cmd_train)
+
+    from .commands import add_core_commands
+
+    add_core_commands(sub)
     return p
 
 
@@ -79,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     _threads(args)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, KeyError) as e:
         log.debug("error", exc_info=True)
         print(f"disco: error: {e}", file=sys.stderr)
         return 2

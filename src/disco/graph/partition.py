@@ -146,7 +146,10 @@ class MixingLayer:
     def allowed(self, kept: np.ndarray) -> np.ndarray:
         """[N, I] bool: which input channels node j may read, given the kept links."""
         cl = self.col_link
-        return (cl == self.LOCAL) | ((cl >= 0) & kept[np.maximum(cl, 0)])
+        ok = cl == self.LOCAL
+        remote = cl >= 0
+        ok[remote] = kept[cl[remote]]
+        return ok
 
     def structure(self) -> np.ndarray:
         """[O, I] bool: the connections the op has at all (block diagonal with groups)."""

@@ -1,0 +1,194 @@
+"""Implementations of the ``disco`` subcommands for the core pipeline (cost, sparsify, eval, demo)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _is_checkpoint(s: str) -> bool:
+    return s.endswith(".safetensors") or Path(s).is_file()
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from .cost import estimate, format_table
+    from .graph import partition
+    from .loading import load
+    from .masks import DiscoModel
+    from .models import build_model
+    from .sparsify import magnitude_scores, select_links
+
+    if _is_checkpoint(args.model):
+        loaded = load(args.model)
+        if loaded.partition is None:
+            raise ValueError(f"{args.model} is a dense checkpoint: cost it by its model name with --ratio")
+        if args.nodes is not None and args.nodes != loaded.partition.nodes:
+            raise ValueError(f"{args.model} is split over N={loaded.partition.nodes}, not --nodes {args.nodes}")
+        part, kept = loaded.partition, loaded.model.kept
+        if args.input_shape and tuple(args.input_shape) != part.input_shape:
+            log.warning("a checkpoint is costed at its own input shape %s", part.input_shape)
+    else:
+        nodes = args.nodes or 2
+        model = build_model(args.model, weights=args.weights)
+        shape = args.input_shape or (1, 3, 224, 224)
+        part = partition(model, shape, nodes)
+        dm = DiscoModel(model, part)
+        kept = select_links(part, magnitude_scores(dm), args.ratio, args.budget)
+    rep = estimate(part, kept, bytes_per_value=args.bytes_per_value)
+    if args.json:
+        print(json.dumps(rep.to_json() | {"model": args.model}))
+    else:
+        print(format_table(rep))
+    return 0
+
+
+def cmd_sparsify(args: argparse.Namespace) -> int:
+    from .sparsify.run import SparsifyConfig, sparsify
+
+    cfg = SparsifyConfig(nodes=args.nodes, ratio=args.ratio, budget=args.budget, selection=args.selection,
+                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr,
+                         distill=args.distill, limit=args.limit, seed=args.seed, batch_size=args.batch_size)
+    res = sparsify(args.checkpoint, args.data, args.out, cfg)
+    print(json.dumps(res | {"checkpoint": args.out}))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .loading import load
+    from .tasks import get_task
+
+    loaded = load(args.checkpoint)
+    task = get_task(loaded.ckpt.task or "cifar10")
+    _, test = task.loaders(args.data, args.batch_size, limit=args.limit)
+    t0 = time.perf_counter()
+    metrics = task.evaluate(loaded.model, test)
+    out = {"checkpoint": args.checkpoint, "model": loaded.ckpt.model["name"], "task": task.name,
+           "nodes": loaded.ckpt.nodes, "ratio": loaded.ckpt.disco["ratio"] if loaded.ckpt.disco else 1.0,
+           **metrics, "seconds": round(time.perf_counter() - t0, 2)}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print("  ".join(f"{k}={v}" for k, v in out.items()))
+    return 0
+
+
+def demo_checkpoint() -> Path | None:
+    """The embedded DISCO checkpoint shipped with the package (CIFAR ResNet-20, N=2, r=0.2)."""
+    p = Path(__file__).parent / "assets" / "cifar_resnet20_n2_r0.2.safetensors"
+    return p if p.is_file() else None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Partition, mask, cost and (when the runtime is there) run the embedded model as real processes."""
+    from .cost import estimate
+    from .graph import partition
+    from .loading import load
+    from .masks import DiscoModel
+    from .models import build_model
+    from .sparsify import magnitude_scores, select_links
+
+    torch.manual_seed(0)
+    ckpt_path = Path(args.checkpoint) if args.checkpoint else demo_checkpoint()
+    if ckpt_path is not None:
+        loaded = load(ckpt_path)
+        dm, part = loaded.model, loaded.partition
+        acc = loaded.ckpt.info.get("metrics", {}).get("top1")
+        print(f"embedded model: {ckpt_path.name} ({loaded.ckpt.model['name']}, CIFAR-10 top-1 {acc:.2f}% "
+              f"when it was saved), split over N={part.nodes}")
+    else:
+        model = build_model("cifar_resnet20")
+        part = partition(model, (1, 3, 32, 32), 2)
+        dm = DiscoModel(model, part)
+        dm.set_kept(select_links(part, magnitude_scores(dm), 0.2))
+        print("no embedded checkpoint: CIFAR ResNet-20 with random weights, links picked by magnitude at r=0.2")
+    x = torch.randn(8, *part.input_shape[1:])
+    # invariant 1: with every link kept, the DISCO model is the original model
+    kept = dm.kept.copy()
+    with torch.no_grad():
+        dm.eval()
+        dm.set_kept(part.all_links())
+        full = dm(x)
+        plain = {k: v for k, v in dm.plain_state_dict().items()}
+        ref_model = build_model(loaded.ckpt.model["name"]) if ckpt_path else None
+        if ref_model is not None:
+            ref_model.load_state_dict(plain)
+            ref = ref_model.eval()(x)
+            err = ((full - ref).abs().max() / ref.abs().max()).item()
+            print(f"invariant 1 (all links kept == original model): max rel err {err:.2e}")
+        dm.set_kept(kept)
+        out = dm(x)
+    dense, sparse = estimate(part, part.all_links()), estimate(part, kept)
+    print(f"communication ratio r = {sparse.ratio:.3f}: {sparse.bytes / 1e3:.1f} KB per image instead of "
+          f"{dense.bytes / 1e3:.1f} KB ({dense.bytes / max(sparse.bytes, 1):.1f}x less)")
+    print(f"FLOPs: {sparse.flops_total / 1e6:.1f} M in total vs {dense.flops_total / 1e6:.1f} M dense "
+          f"({sparse.flops_total / dense.flops_total:.2f}x); weights per node: "
+          + ", ".join(f"{p / sparse.params_dense:.2f}x" for p in sparse.params_per_node) + " of the whole model")
+    agree = (out.argmax(1) == full.argmax(1)).float().mean().item()
+    print(f"DISCO vs dense prediction agreement on 8 random inputs: {agree:.2f}")
+    try:
+        from .runtime.demo import run_demo  # the distributed part (runtime)
+    except ImportError:
+        log.info("runtime not available; skipping the multi-process run")
+        return 0
+    return run_demo(dm, part, x, args)
+
+
+def add_core_commands(sub: argparse._SubParsersAction) -> None:
+    """Register cost, sparsify, eval and demo."""
+    c = sub.add_parser("cost", help="bytes, FLOPs, weights and memory of a split model")
+    c.add_argument("model", help="torchvision or registered model name, or a DISCO checkpoint")
+    c.add_argument("--nodes", type=int, help="N (default 2; a checkpoint brings its own)")
+    c.add_argument("--ratio", type=float, default=1.0, help="target r for a bare architecture (magnitude links)")
+    c.add_argument("--budget", default="global", choices=("global", "layer"))
+    c.add_argument("--input-shape", type=_shape, help="e.g. 1,3,224,224 (default for a bare model)")
+    c.add_argument("--weights", help="local state-dict file for a bare architecture")
+    c.add_argument("--bytes-per-value", type=int, default=4, help="4 = fp32 on the wire, 2 = fp16")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(func=cmd_cost)
+
+    s = sub.add_parser("sparsify", help="fine-tune a dense checkpoint into a DISCO model at ratio r")
+    s.add_argument("checkpoint", help="dense checkpoint (from disco train)")
+    s.add_argument("--data", required=True)
+    s.add_argument("--nodes", type=int, default=2)
+    s.add_argument("--ratio", type=float, required=True, help="target communication ratio (0 = separated)")
+    s.add_argument("--budget", default="global", choices=("global", "layer"))
+    s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random"))
+    s.add_argument("--epochs", type=int, default=10)
+    s.add_argument("--prune-fraction", type=float, default=0.5, help="share of the run spent lowering r")
+    s.add_argument("--lr", type=float, default=0.02)
+    s.add_argument("--distill", type=float, default=0.0, help="weight of distillation from the dense model")
+    s.add_argument("--batch-size", type=int, default=128)
+    s.add_argument("--limit", type=int)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_sparsify)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint on its task's test split")
+    e.add_argument("checkpoint")
+    e.add_argument("--data", required=True)
+    e.add_argument("--batch-size", type=int, default=500)
+    e.add_argument("--limit", type=int)
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--threads", type=int)
+    e.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("demo", help="the end-to-end story on the embedded model (no external files)")
+    d.add_argument("--checkpoint", help="use this DISCO checkpoint instead of the embedded one")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_demo)
+
+
+def _shape(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in s.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,3,224,224, got {s!r}") from e
