@@ -331,7 +331,7 @@ def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,A
         j_idx, i_idx = np.nonzero(need)
         bt, bc = base[x.name]
         raw.append((len(layer_specs), j_idx, i_idx, bt[i_idx], bc[i_idx]))
-        layer_specs.append((node, module, rule, x, out_owner, reads))
+        layer_specs.append((node, module, rule, x, out_owner, reads, g))
     # deduplicate (tensor, receiver, channel) across all consumers
     maxc = max((len(base[n][0]) for n in base), default=1) + 1
     if raw:
@@ -357,7 +357,7 @@ def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,A
     )
     layers = []
     pos = 0
-    for (node, module, rule, x, out_owner, reads), (_, j_idx, i_idx, _, _) in zip(layer_specs, raw, strict=True):
+    for (node, module, rule, x, out_owner, reads, g), (_, j_idx, i_idx, _, _) in zip(layer_specs, raw, strict=True):
         col_link = np.where(reads, MixingLayer.LOCAL, MixingLayer.UNREAD).astype(np.int64)
         col_link[j_idx, i_idx] = inverse[pos:pos + len(j_idx)]
         pos += len(j_idx)

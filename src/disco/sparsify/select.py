@@ -16,7 +16,8 @@ def select_links(
 
     ``global``: rank every link by score per byte across all layers and fill the budget
     greedily (skipping links that no longer fit, so the achieved ratio lands just under
-    the target). ``layer``: keep the top ``ratio`` share of the links of every tensor.
+    the target). ``layer``: keep the top ``ratio`` share of the links of every tensor
+    (rounded so that the total stays on the byte budget).
     ``within`` restricts the choice to a previous kept set (gradual pruning never regrows).
     """
     if not 0.0 <= ratio <= 1.0:
@@ -40,11 +41,23 @@ def select_links(
                 kept[k] = True
                 cum += vals[k]
         return kept
-    for t in range(len(part.link_tensors)):
+    # per tensor floor(ratio * links), then one more link for the tensors with the largest
+    # remainders while the byte budget allows: uniform per layer, and on target overall
+    n_t = len(part.link_tensors)
+    count = np.bincount(part.links.tensor, minlength=n_t)
+    plane = np.zeros(n_t, dtype=np.int64)
+    plane[part.links.tensor] = vals
+    exact = ratio * count
+    quota = np.floor(exact + 1e-9).astype(np.int64)
+    room = ratio * part.dense_values() - (quota * plane).sum()
+    for t in np.argsort(-(exact - quota), kind="stable").tolist():
+        if exact[t] - quota[t] > 1e-9 and plane[t] <= room + 1e-9:
+            quota[t] += 1
+            room -= plane[t]
+    for t in range(n_t):
         idx = np.nonzero(part.links.tensor == t)[0]
-        quota = int(round(ratio * len(idx)))
         idx = idx[cand[idx]]
-        kept[idx[np.argsort(-scores[idx], kind="stable")[:quota]]] = True
+        kept[idx[np.argsort(-scores[idx], kind="stable")[:quota[t]]]] = True
     return kept
 
 

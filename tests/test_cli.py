@@ -1,0 +1,98 @@
+"""End to end through the command line on a tiny CIFAR-10 in torchvision's layout."""
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from disco.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_cifar(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = rng.integers(0, 10, 16)
+        data = rng.integers(0, 255, (16, 3 * 32 * 32), dtype=np.uint8)
+        data[:, :1024] = (labels[:, None] * 25).astype(np.uint8)  # a learnable cue in the red plane
+        with open(root / name, "wb") as f:
+            pickle.dump({"data": data, "labels": labels.tolist()}, f)
+    return root.parent
+
+
+def _json(capsys):
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_cost_json_torchvision(capsys):
+    assert main(["cost", "resnet18", "--nodes", "2", "--ratio", "0.2", "--input-shape", "1,3,64,64", "--json"]) == 0
+    d = _json(capsys)
+    for k in ("nodes", "ratio", "dense_bytes", "bytes", "flops_total", "flops_per_node", "params_per_node",
+              "params_dense"):
+        assert k in d
+    assert d["nodes"] == 2 and abs(d["ratio"] - 0.2) <= 0.01 and len(d["params_per_node"]) == 2
+
+
+def test_cost_table_registered(capsys):
+    assert main(["cost", "cifar_resnet8", "--nodes", "3", "--ratio", "0.1", "--input-shape", "1,3,32,32"]) == 0
+    out = capsys.readouterr().out
+    assert "layer1.0.conv1" in out and "ratio r = 0.09" in out or "ratio r = 0.10" in out
+
+
+def test_train_sparsify_eval_cost(tiny_cifar, tmp_path, capsys):
+    dense = tmp_path / "dense.safetensors"
+    assert main(["train", "--data", str(tiny_cifar), "--model", "cifar_resnet8", "--epochs", "1",
+                 "--batch-size", "16", "--out", str(dense)]) == 0
+    d = _json(capsys)
+    assert 0 <= d["top1"] <= 100
+    sp = tmp_path / "n2_r02.safetensors"
+    assert main(["sparsify", str(dense), "--data", str(tiny_cifar), "--nodes", "2", "--ratio", "0.2",
+                 "--epochs", "1", "--batch-size", "16", "--distill", "0.5", "--out", str(sp)]) == 0
+    s = _json(capsys)
+    assert abs(s["ratio"] - 0.2) <= 0.01 and s["nodes"] == 2
+    assert main(["eval", str(sp), "--data", str(tiny_cifar), "--json"]) == 0
+    e = _json(capsys)
+    assert e["top1"] == pytest.approx(s["top1"], abs=1e-9)
+    assert main(["cost", str(sp), "--json"]) == 0
+    c = _json(capsys)
+    assert c["bytes"] == s["bytes"] and c["nodes"] == 2
+    assert main(["cost", str(sp), "--nodes", "4"]) == 2  # another N: refused
+    assert "N=2" in capsys.readouterr().err
+
+
+def test_sparsify_resumes(tiny_cifar, tmp_path, capsys):
+    dense = tmp_path / "dense.safetensors"
+    main(["train", "--data", str(tiny_cifar), "--model", "cifar_resnet8", "--epochs", "1", "--batch-size", "32",
+          "--out", str(dense)])
+    out = tmp_path / "r.safetensors"
+    args = ["sparsify", str(dense), "--data", str(tiny_cifar), "--ratio", "0.1", "--batch-size", "32",
+            "--selection", "taylor", "--out", str(out)]
+    assert main(args + ["--epochs", "1"]) == 0
+    state = out.with_name(out.name + ".state.pt")
+    assert state.is_file()
+    import torch
+
+    assert torch.load(state, weights_only=False)["epoch"] == 1
+    out.unlink()
+    assert main(args + ["--epochs", "2"]) == 0  # picks up after epoch 1
+    assert torch.load(state, weights_only=False)["epoch"] == 2
+    assert len(torch.load(state, weights_only=False)["history"]) == 2
+
+
+def test_errors_are_clear(tmp_path, capsys):
+    assert main(["cost", "no_such_model", "--json"]) == 2
+    assert "unknown model 'no_such_model'" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "none.safetensors"), "--data", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o.safetensors"), "--epochs", "1"]) == 2
+    assert "holds no CIFAR-10" in capsys.readouterr().err
+
+
+def test_console_script_entry_point():
+    r = subprocess.run([sys.executable, "-m", "disco.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "sparsify" in r.stdout
