@@ -15,7 +15,7 @@ def test_shared_cifar10_tar(cifar_dir):
 def test_loader_augments_train_only(cifar_dir):
     tr = CifarLoader(cifar_dir, "train", 64, train=True, limit=256)
     te = CifarLoader(cifar_dir, "test", 64, limit=256)
-    (xa, ya), (xb, yb) = next(iter(tr)), next(iter(te))
+    (xa, ya), (xb, _) = next(iter(tr)), next(iter(te))
     assert xa.shape == (64, 3, 32, 32) and xb.shape == (64, 3, 32, 32)
     assert abs(xb.mean().item()) < 0.5  # normalised
     assert len(set(ya.tolist())) > 5  # the subset is class-balanced, not the first class folder

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import reference_forward
 from torch import nn
 
 from disco.graph import REPLICATED, UnsupportedOpError, partition, split_owner
 from disco.graph.capture import capture
 from disco.masks import DiscoModel
 from disco.models import build_model
-from reference import reference_forward
 
 
 class AllOps(nn.Module):

@@ -8,7 +8,6 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
