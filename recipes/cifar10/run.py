@@ -1,0 +1,113 @@
+"""The CIFAR-10 reproduction: dense ResNet-20, then DISCO at several N and r.
+
+Every step is resumable (each run checkpoints per epoch; a finished run is skipped).
+Results go to results/cifar10_resnet.json; run ``python recipes/tables.py`` afterwards
+to refresh the plot and the README table.
+
+    python recipes/cifar10/run.py --data ../shared/data/cifar10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "src" / "disco" / "assets"
+
+# (name, nodes, ratio, budget, selection)
+RUNS = [
+    ("n2_r0.2", 2, 0.2, "global", "magnitude"),
+    ("n2_r0.1", 2, 0.1, "global", "magnitude"),
+    ("n2_r0.05", 2, 0.05, "global", "magnitude"),
+    ("n2_r0", 2, 0.0, "global", "magnitude"),
+    ("n2_r0.5", 2, 0.5, "global", "magnitude"),
+    ("n2_r0.1_layer", 2, 0.1, "layer", "magnitude"),
+    ("n2_r0.2_layer", 2, 0.2, "layer", "magnitude"),
+    ("n2_r0.1_random", 2, 0.1, "global", "random"),
+    ("n4_r0.1", 4, 0.1, "global", "magnitude"),
+    ("n4_r0", 4, 0.0, "global", "magnitude"),
+    ("n4_r0.2", 4, 0.2, "global", "magnitude"),
+]
+COMMITTED = {"dense": "cifar_resnet20_dense.safetensors", "n2_r0.2": "cifar_resnet20_n2_r0.2.safetensors"}
+
+
+def disco(*args: str, threads: int) -> dict:
+    cmd = [sys.executable, "-m", "disco.cli", *args, "--threads", str(threads)]
+    print("+", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10"))
+    p.add_argument("--runs", default=str(ROOT / "runs" / "cifar10"))
+    p.add_argument("--dense-epochs", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=4, help="fine-tuning epochs of every DISCO run")
+    p.add_argument("--distill", type=float, default=0.5)
+    p.add_argument("--workers", type=int, default=2, help="DISCO runs in parallel (one thread each)")
+    p.add_argument("--only", nargs="*", help="run only these names (e.g. n2_r0.2)")
+    args = p.parse_args()
+    runs = Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+
+    dense = runs / "dense.safetensors"
+    if not dense.is_file():
+        disco("train", "--data", args.data, "--model", "cifar_resnet20", "--epochs", str(args.dense_epochs),
+              "--eval-every", "--out", str(dense), threads=2)
+    dense_eval = disco("eval", str(dense), "--data", args.data, "--json", threads=2)
+    dense_cost = disco("cost", "cifar_resnet20", "--nodes", "2",
+                       "--input-shape", "1,3,32,32", "--json", threads=2)
+
+    def one(spec: tuple) -> dict:
+        name, nodes, ratio, budget, selection = spec
+        out = runs / f"{name}.safetensors"
+        res_file = runs / f"{name}.json"
+        if out.is_file() and res_file.is_file():
+            return json.loads(res_file.read_text())
+        res = disco("sparsify", str(dense), "--data", args.data, "--nodes", str(nodes), "--ratio", str(ratio),
+                    "--budget", budget, "--selection", selection, "--epochs", str(args.epochs),
+                    "--distill", str(args.distill), "--out", str(out), threads=1)
+        res["name"] = name
+        res_file.write_text(json.dumps(res))
+        return res
+
+    todo = [r for r in RUNS if not args.only or r[0] in args.only]
+    with ThreadPoolExecutor(args.workers) as pool:
+        results = list(pool.map(one, todo))
+
+    ASSETS.mkdir(parents=True, exist_ok=True)
+    entries = [{
+        "name": "dense", "model": "cifar_resnet20", "nodes": 1, "ratio": 1.0, "budget": None, "selection": "dense",
+        "top1": dense_eval["top1"], "bytes": 0, "dense_bytes_n2": dense_cost["dense_bytes"],
+        "flops_total": dense_cost["flops_dense"], "params_per_node": [dense_cost["params_dense"]],
+        "epochs": args.dense_epochs, "checkpoint": None,
+    }]
+    for r in results:
+        entries.append({
+            "name": r["name"], "model": "cifar_resnet20", "nodes": r["nodes"], "ratio": r["ratio"],
+            "target_ratio": r["target_ratio"], "budget": r["budget"], "selection": r["selection"],
+            "top1": r["top1"], "bytes": r["bytes"], "dense_bytes": r["dense_bytes"], "flops_total": r["flops_total"],
+            "flops_dense": r["flops_dense"], "params_per_node": r["params_per_node"],
+            "params_dense": r["params_dense"], "epochs": args.epochs, "distill": args.distill, "checkpoint": None,
+        })
+    for e in entries:
+        if e["name"] in COMMITTED:
+            src = dense if e["name"] == "dense" else runs / f"{e['name']}.safetensors"
+            dst = ASSETS / COMMITTED[e["name"]]
+            shutil.copyfile(src, dst)
+            e["checkpoint"] = str(dst.relative_to(ROOT))
+    out = ROOT / "results" / "cifar10_resnet.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(entries, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

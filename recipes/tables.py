@@ -1,0 +1,78 @@
+"""Regenerate the plots and the README tables from results/*.json (no number is typed by hand).
+
+    python recipes/tables.py
+
+Each table sits in README.md between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cifar10_resnet(entries: list[dict]) -> str:
+    dense = next(e for e in entries if e["name"] == "dense")
+    rows = ["| run | N | budget | selection | r (achieved) | top-1 % | vs dense | KB moved / image | "
+            "FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 10]
+    for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
+        if e["name"] == "dense":
+            rows.append(f"| dense (one device) | 1 | - | - | 1 | {e['top1']:.2f} | - | - | 1.00 | 1.00 |")
+            continue
+        w = max(e["params_per_node"]) / e["params_dense"]
+        rows.append(
+            f"| {e['name']} | {e['nodes']} | {e['budget']} | {e['selection']} | {e['ratio']:.3f} | {e['top1']:.2f} | "
+            f"{e['top1'] - dense['top1']:+.2f} | {e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f}) | "
+            f"{e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
+    return "\n".join(rows)
+
+
+def plot_cifar10(entries: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dense = next(e for e in entries if e["name"] == "dense")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n, marker in ((2, "o"), (4, "s")):
+        pts = sorted((e["ratio"], e["top1"]) for e in entries
+                     if e["nodes"] == n and e["budget"] == "global" and e["selection"] in ("magnitude", "separated"))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
+    for e in entries:
+        if e["name"].endswith(("_layer", "_random")):
+            ax.scatter([e["ratio"]], [e["top1"]], marker="x" if "random" in e["name"] else "^", s=60,
+                       label=f"N={e['nodes']} {e['name'].split('_')[-1]}", zorder=3)
+    ax.axhline(dense["top1"], color="k", ls="--", lw=1, label="dense, one device")
+    ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
+    ax.set_ylabel("CIFAR-10 top-1 (%)")
+    ax.set_title("CIFAR ResNet-20: accuracy vs communication")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+TABLES = {"cifar10_resnet": (cifar10_resnet, plot_cifar10)}
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, (table, plot) in TABLES.items():
+        src = ROOT / "results" / f"{name}.json"
+        if not src.is_file():
+            continue
+        entries = json.loads(src.read_text())
+        plot(entries, ROOT / "results" / f"{name}.png")
+        pat = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
+        text = pat.sub(lambda m: m.group(1) + table(entries) + "\n" + m.group(2), text)
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
