@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10"))
     p.add_argument("--runs", default=str(ROOT / "runs" / "cifar10"))
     p.add_argument("--dense-epochs", type=int, default=20)
-    p.add_argument("--epochs", type=int, default=4, help="fine-tuning epochs of every DISCO run")
+    p.add_argument("--epochs", type=int, default=3, help="fine-tuning epochs of every DISCO run")
     p.add_argument("--distill", type=float, default=0.5)
     p.add_argument("--workers", type=int, default=2, help="DISCO runs in parallel (one thread each)")
     p.add_argument("--only", nargs="*", help="run only these names (e.g. n2_r0.2)")
