@@ -148,7 +148,8 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
             continue
         shp = shape_of(node)
         per_ch = math.prod(shp) // len(own)
-        fpe = rule.flops_per_element(_BuilderView(part), node)
+        first = next((a for a in node.all_input_nodes if part.owner.get(a.name) is not None), None)
+        fpe = rule.flops_per_element(shape_of(first) if first is not None else None, shp)
         counts = np.full(n, len(own)) if (own == REPLICATED).all() else np.bincount(own[own >= 0], minlength=n)
         flops += (counts * per_ch * fpe).astype(np.int64)
         flops_dense += int(math.prod(shp) * fpe)
@@ -176,16 +177,6 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
         params_per_node=params_per_node(part, kept), peak_activation_bytes_per_node=peak,
         bytes_per_value=bytes_per_value, layers=layer_rows,
     )
-
-
-class _BuilderView:
-    """The read-only part of the partition Builder that ``Rule.flops_per_element`` uses."""
-
-    def __init__(self, part: Partition) -> None:
-        self.atoms = {nd: part.owner.get(nd.name) for nd in part.gm.graph.nodes}
-
-    def shape(self, node):  # noqa: ANN001,ANN201
-        return shape_of(node)
 
 
 def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:

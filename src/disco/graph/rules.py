@@ -105,12 +105,11 @@ class Rule:
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         raise NotImplementedError
 
-    def flops_per_element(self, b: Builder, node: fx.Node) -> float:
-        """FLOPs per output element of the op (local rules)."""
-        ins = tensor_args(node, b)
-        if not ins:
+    def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
+        """FLOPs per output element (local rules): by default input size / output size, at least 1."""
+        if in_shape is None:
             return 0.0
-        return max(1.0, math.prod(b.shape(ins[0])) / max(1, math.prod(b.shape(node))))
+        return max(1.0, math.prod(in_shape) / max(1, math.prod(out_shape)))
 
 
 class Static(Rule):
@@ -144,8 +143,8 @@ class Local(Rule):
             b.couple(node, x, other)
         b.set(node, b.atoms[x], cdim)
 
-    def flops_per_element(self, b: Builder, node: fx.Node) -> float:
-        return self._flops if self._flops is not None else super().flops_per_element(b, node)
+    def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
+        return self._flops if self._flops is not None else super().flops_per_element(in_shape, out_shape)
 
 
 class Elementwise(Rule):
