@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .commands import add_core_commands
 
     add_core_commands(sub)
+    from .runtime.cli import add_subcommands
+    add_subcommands(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""The distributed runtime: node plans, shards, transport, launch."""

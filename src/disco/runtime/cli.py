@@ -1,0 +1,91 @@
+"""``disco export`` and ``disco run``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_checkpoint
+
+    man = export_checkpoint(args.ckpt, args.out, codec=args.codec)
+    summary = {"out": args.out, "nodes": man["nodes"], "ratio": man["ratio"],
+               "params_per_node": [s["params"] for s in man["shards"]],
+               "bytes_per_node": [s["bytes"] for s in man["shards"]], "params_dense": man["params_dense"]}
+    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    return 0
+
+
+def _opts(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for k in ("codec", "bandwidth", "latency", "input"):
+        v = getattr(args, k)
+        if v is not None:
+            out += [f"--{k}", str(v)]
+    for k in ("warmup", "iters", "stream", "timeout", "startup_timeout", "threads"):
+        out += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .export import read_manifest
+    from .launch import LaunchError, launch
+
+    man = read_manifest(args.dir)
+    if args.nodes != man["nodes"]:
+        raise ValueError(f"{args.dir} was exported for {man['nodes']} nodes, --nodes is {args.nodes}")
+    if args.data is not None:
+        raise ValueError("--data is not implemented yet; use --input FILE or the export's probe input")
+    if args.input is not None:  # refuse a wrong input here, before starting anything
+        from .node import NodeError, _load_input
+
+        try:
+            _load_input(args.input, man, __import__("pathlib").Path(args.dir))
+        except NodeError as e:
+            raise ValueError(str(e)) from e
+    try:
+        rep = launch(args.dir, args.nodes, _opts(args), timeout=args.run_timeout)
+    except LaunchError as e:
+        print(f"disco run: error: {e}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        _print_report(rep)
+    return 0
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    err = r["max_rel_err_vs_single_process"]
+    print(f"{r['model']} on {r['nodes']} processes, r = {r['ratio']:.3f}, codec {r['codec']}, "
+          f"link {'unshaped' if r['bandwidth_mbit'] is None else str(r['bandwidth_mbit']) + ' Mbit/s'}")
+    print(f"latency median {r['latency_ms_median']:.2f} ms, throughput {r['throughput_per_s']:.1f}/s")
+    print(f"bytes sent {r['bytes_sent_total']} (cost model {r['bytes_predicted']}), input+output "
+          f"{r['bytes_input_output']}")
+    print("max rel. error vs single process: " + ("n/a" if err is None else f"{err:.2e}"))
+    print("weights per node: " + ", ".join(f"{b / 1e6:.3f} MB" for b in r["weight_bytes_per_node"])
+          + "; peak RSS per node: " + ", ".join(f"{m:.0f} MB" for m in r["peak_rss_mb_per_node"]))
+
+
+def add_subcommands(sub: Any) -> None:
+    """Add ``export`` and ``run`` to the ``disco`` command's subparsers."""
+    from .node import add_run_options
+
+    e = sub.add_parser("export", help="write one weight shard per node + a manifest from a DISCO checkpoint")
+    e.add_argument("ckpt", help="sparsified DISCO checkpoint (.safetensors)")
+    e.add_argument("--out", required=True, help="export directory")
+    e.add_argument("--codec", default="fp32", help="default wire codec recorded in the manifest")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_export)
+
+    r = sub.add_parser("run", help="run an export as N local processes over torch.distributed and report")
+    r.add_argument("dir", help="export directory")
+    r.add_argument("--nodes", type=int, required=True)
+    add_run_options(r)
+    r.add_argument("--data", default=None, help="dataset folder (not implemented yet)")
+    r.add_argument("--run-timeout", type=float, default=3600.0, help="seconds for the whole run")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=cmd_run)

@@ -1,0 +1,236 @@
+"""Export a DISCO model as one weight shard per node plus a manifest, and load one node's part back.
+
+Layout of an export directory::
+
+    manifest.json            format, version, model config and hash, nodes, input shape,
+                             ownership fingerprint, kept links (bit-packed), dtype, codec,
+                             per-node parameter counts and shard checksums
+    node{j}.safetensors      node j's weights only; its header repeats the identity
+                             (model hash, nodes, rank, fingerprint) and a tensor checksum
+    reference.safetensors    a probe input and the single-process DISCO model's output on it
+
+A node rebuilds the architecture on the ``meta`` device (no weight memory), re-derives
+the partition and its own plan from the manifest, checks the shard against them and
+loads only its own tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, fx, nn
+
+from ..checkpoint import pack_bits, unpack_bits
+from ..graph import Partition, partition
+from .plan import NodePlan
+
+log = logging.getLogger(__name__)
+
+FORMAT = "disco-shards"
+VERSION = 1
+
+
+class ShardError(ValueError):
+    """A shard or manifest that does not belong to this run (other model, N, rank) or is damaged."""
+
+
+def _digest(state: dict[str, Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k].detach().cpu().contiguous().reshape(-1)
+        h.update(k.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def model_hash(gm: nn.Module, part: Partition) -> str:
+    """A hash of the weights the partitioned model computes with (masks applied)."""
+    h = hashlib.sha256()
+    for ly in part.layers:  # masked weights of the mixing layers
+        h.update(ly.name.encode())
+        w = gm.get_submodule(ly.name).weight.detach().contiguous()
+        h.update(w.reshape(-1).view(torch.uint8).numpy().tobytes())
+    mixing = {ly.name for ly in part.layers}
+    for k, v in sorted(gm.state_dict().items()):
+        if any(k.startswith(m + ".") for m in mixing) and "weight" in k:
+            continue
+        h.update(k.encode())
+        h.update(v.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: str | Path,
+           model_spec: dict[str, Any], codec: str = "fp32", probe: Tensor | None = None,
+           info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write node shards + manifest for ``model`` partitioned by ``part`` with links ``kept``.
+
+    ``model`` may be a :class:`disco.masks.DiscoModel`-wrapped model or a plain one (the kept
+    links decide which weight columns are written either way). ``model_spec`` is the
+    ``{"name", "kwargs"}`` config that rebuilds the architecture. Returns the manifest.
+    """
+    from safetensors.torch import save_file
+
+    from ..cost import estimate
+    from .transport import get_codec
+
+    get_codec(codec)
+    kept = part.all_links() if kept is None else np.asarray(kept, dtype=bool)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gm = part.gm
+    mhash = model_hash(gm, part)
+    fp = part.fingerprint()
+    rep = estimate(part, kept)
+    shards = []
+    for j in range(part.nodes):
+        plan = NodePlan(part, kept, j)
+        state, n_params = plan.shard_from(gm)
+        if n_params != rep.params_per_node[j]:
+            raise RuntimeError(f"shard of rank {j} holds {n_params} parameters, the cost model counts "
+                               f"{rep.params_per_node[j]} (accounting mismatch)")
+        digest = _digest(state)
+        header = {"format": FORMAT, "version": VERSION, "model_hash": mhash, "nodes": part.nodes, "rank": j,
+                  "fingerprint": fp, "sha256": digest, "params": n_params}
+        path = out / f"node{j}.safetensors"
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(state, str(tmp), metadata={"disco_shard": json.dumps(header)})
+        tmp.replace(path)
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        shards.append({"file": path.name, "rank": j, "params": n_params, "bytes": nbytes, "sha256": digest})
+    if probe is None:
+        g = torch.Generator().manual_seed(0)
+        probe = torch.randn(part.input_shape, generator=g)
+    with torch.no_grad():
+        ref = gm(probe)
+    if isinstance(ref, Tensor):
+        save_file({"input": probe.contiguous(), "output": ref.detach().contiguous()},
+                  str(out / "reference.safetensors"))
+    manifest = {
+        "format": FORMAT, "version": VERSION, "model": model_spec, "model_hash": mhash, "nodes": part.nodes,
+        "input_shape": list(part.input_shape), "input_dtype": "float32", "fingerprint": fp,
+        "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
+        "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
+        "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "shards": shards, "info": info or {},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    log.info("exported %d shards to %s (params per node %s)", part.nodes, out, [s["params"] for s in shards])
+    return manifest
+
+
+def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32") -> dict[str, Any]:
+    """Export a sparsified DISCO checkpoint (one with ``disco`` metadata: nodes, kept links)."""
+    from ..checkpoint import load_checkpoint
+    from ..models import build_model
+
+    ck = load_checkpoint(ckpt_path)
+    if ck.disco is None:
+        raise ShardError(f"{ckpt_path} is a dense checkpoint (no DISCO nodes/kept links); sparsify it first, "
+                         "or export a dense split with export(model, partition, None, ...)")
+    model = build_model(ck.model["name"], **ck.model.get("kwargs", {}))
+    model.load_state_dict(ck.state_dict)
+    part = partition(model, tuple(ck.input_shape), ck.nodes)
+    if ck.disco.get("fingerprint") and ck.disco["fingerprint"] != part.fingerprint():
+        raise ShardError(f"{ckpt_path}: partition fingerprint {ck.disco['fingerprint']} does not match the one "
+                         f"this disco computes ({part.fingerprint()})")
+    return export(model, part, ck.kept(), out_dir, ck.model, codec=codec, info={"checkpoint": str(ckpt_path)})
+
+
+def read_manifest(d: str | Path) -> dict[str, Any]:
+    p = Path(d) / "manifest.json"
+    if not p.is_file():
+        raise ShardError(f"{d} has no manifest.json (not an export directory; run `disco export` first)")
+    try:
+        m = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ShardError(f"{p} is damaged: {e}") from e
+    if m.get("format") != FORMAT or m.get("version") != VERSION:
+        raise ShardError(f"{p}: format {m.get('format')!r} v{m.get('version')}, expected {FORMAT!r} v{VERSION}")
+    return m
+
+
+@dataclass
+class NodeState:
+    """What one node holds: its plan, the meta-device graph and its own weights."""
+
+    manifest: dict[str, Any]
+    part: Partition
+    plan: NodePlan
+    gm: fx.GraphModule
+    weights: dict[str, Tensor]
+    weight_bytes: int
+
+
+def meta_partition(manifest: dict[str, Any]) -> Partition:
+    """Rebuild the architecture on the meta device and partition it (no weight memory)."""
+    from ..models import build_model
+
+    spec = manifest["model"]
+    with torch.device("meta"):
+        model = build_model(spec["name"], **spec.get("kwargs", {}))
+    return partition(model, torch.zeros(manifest["input_shape"], device="meta"), int(manifest["nodes"]))
+
+
+def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
+    """Load node ``rank``'s shard from export directory ``d``, refusing anything that does not fit."""
+    from safetensors import safe_open
+
+    d = Path(d)
+    man = read_manifest(d)
+    if nodes is not None and nodes != man["nodes"]:
+        raise ShardError(f"{d} was exported for {man['nodes']} nodes, this run has {nodes}")
+    if not 0 <= rank < man["nodes"]:
+        raise ShardError(f"rank {rank} is outside 0..{man['nodes'] - 1}")
+    path = d / f"node{rank}.safetensors"
+    if not path.is_file():
+        raise ShardError(f"shard {path} is missing")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("disco_shard")
+            header = json.loads(raw) if raw else None
+            if header is None:
+                raise ShardError(f"shard {path} is not a DISCO shard (no header)")
+            _check_header(header, man, rank, path)
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except ShardError:
+        raise
+    except Exception as e:
+        raise ShardError(f"shard {path} is damaged: {type(e).__name__}: {e}") from e
+    if _digest(weights) != header["sha256"]:
+        raise ShardError(f"shard {path} is damaged: tensor checksum does not match its header")
+    part = meta_partition(man)
+    if part.fingerprint() != man["fingerprint"]:
+        raise ShardError(f"{d}: ownership fingerprint {man['fingerprint']} does not match the partition of "
+                         f"{man['model']['name']} for {man['nodes']} nodes ({part.fingerprint()})")
+    kept = unpack_bits(man["kept"], man["n_links"])
+    plan = NodePlan(part, kept, rank)
+    expected = plan.expected_shapes(part.gm)
+    got = {k: tuple(v.shape) for k, v in weights.items()}
+    if expected != got:
+        diff = sorted(set(expected.items()) ^ set(got.items()))[:4]
+        raise ShardError(f"shard {path} does not fit the plan of rank {rank} (first differences: {diff})")
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+    return NodeState(man, part, plan, part.gm, weights, nbytes)
+
+
+def _check_header(h: dict[str, Any], man: dict[str, Any], rank: int, path: Path) -> None:
+    if h.get("format") != FORMAT or h.get("version") != VERSION:
+        raise ShardError(f"shard {path}: format {h.get('format')!r} v{h.get('version')}, expected {FORMAT!r}")
+    if h.get("nodes") != man["nodes"]:
+        raise ShardError(f"shard {path} was exported for {h.get('nodes')} nodes, the manifest says {man['nodes']}")
+    if h.get("rank") != rank:
+        raise ShardError(f"shard {path} belongs to rank {h.get('rank')}, not rank {rank}")
+    if h.get("model_hash") != man["model_hash"]:
+        raise ShardError(f"shard {path} is from another model (model hash {h.get('model_hash')}, "
+                         f"manifest says {man['model_hash']})")
+    if h.get("fingerprint") != man["fingerprint"]:
+        raise ShardError(f"shard {path} has ownership fingerprint {h.get('fingerprint')}, the manifest says "
+                         f"{man['fingerprint']}")

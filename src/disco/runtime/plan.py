@@ -1,0 +1,440 @@
+"""Node programs: what node j computes, with which weight slices, and which channels it sends and receives.
+
+Node j holds, of every feature tensor, its *local* channels (the ones it owns plus the
+replicated ones), in channel order. It walks the captured graph in topological order:
+
+* channel-local ops run on the local channels (parameters with one entry per channel are
+  sliced to them, see :func:`register_param_slicer`);
+* views (cat, flatten, identity) run on the local parts, which keeps channel order;
+* a mixing op computes ``W_own @ x_own`` first, then waits for the channels it receives and
+  adds ``W_recv @ x_recv`` (overlap of compute and communication).
+
+Received channels are kept per *base tensor* (the tensor actually sent, see
+``Partition.base``): a channel received once serves every consumer on the node. The
+*received view* of a tensor (its channels that node j received, in order) is built by
+replaying the same view ops on the received base tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, fx, nn
+
+from ..graph import REPLICATED, Partition
+from ..graph.capture import shape_of
+from ..graph.rules import ConvRule, ConvTransposeRule, LinearRule, Mixing
+
+log = logging.getLogger(__name__)
+
+
+# ---- mixing kernels: how one weight block is cut from a layer's weight and applied ------------
+
+class MixingKernel:
+    """Cuts [rows x cols] blocks out of a mixing layer's weight and applies them (groups=1)."""
+
+    def take(self, m: nn.Module, w: Tensor, rows: np.ndarray, cols: np.ndarray, group: int, og: int, ig: int
+             ) -> Tensor:
+        """The [rows x cols] block of ``w`` (global channel indices, all in group ``group``)."""
+        return w[torch.as_tensor(rows)][:, torch.as_tensor(cols - group * ig)]
+
+    def take_depthwise(self, m: nn.Module, w: Tensor, rows: np.ndarray, ins: np.ndarray) -> Tensor:
+        return w[torch.as_tensor(rows)]
+
+    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
+        raise NotImplementedError
+
+
+class ConvKernel(MixingKernel):
+    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
+        nd = len(m.kernel_size)
+        fn = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+        padding = m.padding
+        if m.padding_mode != "zeros":
+            x = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
+            padding = 0
+        return fn(x, w, bias, m.stride, padding, m.dilation, groups)
+
+
+class ConvTransposeKernel(MixingKernel):
+    """Weight layout [in, out/groups, k...]."""
+
+    def take(self, m: nn.Module, w: Tensor, rows: np.ndarray, cols: np.ndarray, group: int, og: int, ig: int
+             ) -> Tensor:
+        return w[torch.as_tensor(cols)][:, torch.as_tensor(rows - group * og)]
+
+    def take_depthwise(self, m: nn.Module, w: Tensor, rows: np.ndarray, ins: np.ndarray) -> Tensor:
+        return w[torch.as_tensor(ins)]
+
+    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
+        nd = len(m.kernel_size)
+        fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
+        return fn(x, w, bias, m.stride, m.padding, m.output_padding, groups, m.dilation)
+
+
+class LinearKernel(MixingKernel):
+    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
+        return F.linear(x, w, bias)
+
+
+_KERNELS: dict[type, MixingKernel] = {}
+
+
+def register_kernel(*rule_types: type) -> Callable[[MixingKernel], MixingKernel]:
+    """Register the runtime kernel for a mixing rule class (subclasses inherit it)."""
+
+    def deco(k: MixingKernel) -> MixingKernel:
+        for t in rule_types:
+            _KERNELS[t] = k
+        return k
+
+    return deco
+
+
+register_kernel(ConvRule)(ConvKernel())
+register_kernel(ConvTransposeRule)(ConvTransposeKernel())
+register_kernel(LinearRule)(LinearKernel())
+
+
+def kernel_for(rule: Mixing) -> MixingKernel:
+    for cls in type(rule).__mro__:
+        if cls in _KERNELS:
+            return _KERNELS[cls]
+    raise NotImplementedError(f"no runtime kernel for mixing rule {type(rule).__name__}; use register_kernel")
+
+
+# ---- per-channel parameter slicing of channel-local modules ----------------------------------
+
+ParamSlicer = Callable[[nn.Module, str, Tensor, np.ndarray, int], Tensor]
+
+
+def default_slicer(module: nn.Module, name: str, t: Tensor, local: np.ndarray, channels: int) -> Tensor:
+    """A parameter or buffer whose first dim equals the channel count is sliced to ``local``."""
+    if t.dim() >= 1 and t.shape[0] == channels and len(local) != channels:
+        return t[torch.as_tensor(local)]
+    return t
+
+
+_SLICERS: dict[type, ParamSlicer] = {}
+
+
+def register_param_slicer(*types: type) -> Callable[[ParamSlicer], ParamSlicer]:
+    """Register how a module type's parameters are cut to a node's channels (default: first dim)."""
+
+    def deco(fn: ParamSlicer) -> ParamSlicer:
+        for t in types:
+            _SLICERS[t] = fn
+        return fn
+
+    return deco
+
+
+def slicer_for(module: nn.Module) -> ParamSlicer:
+    for cls in type(module).__mro__:
+        if cls in _SLICERS:
+            return _SLICERS[cls]
+    return default_slicer
+
+
+def module_tensors(m: nn.Module) -> list[tuple[str, Tensor, bool]]:
+    """(name, tensor, is_parameter) of a module's own parameters and buffers."""
+    out = [(n, p, True) for n, p in m.named_parameters(recurse=False)]
+    out += [(n, b, False) for n, b in m.named_buffers(recurse=False) if b is not None]
+    return out
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+@dataclass
+class Exchange:
+    """The sends and receives of one base tensor on one node."""
+
+    tensor: str
+    tag: int
+    cdim: int
+    shape: tuple[int, ...]  # global shape of the base tensor
+    sends: dict[int, Tensor] = field(default_factory=dict)  # dst -> positions in the local tensor
+    send_links: dict[int, np.ndarray] = field(default_factory=dict)  # dst -> link ids
+    recvs: dict[int, int] = field(default_factory=dict)  # src -> number of channels
+    recv_links: dict[int, np.ndarray] = field(default_factory=dict)
+    recv_perm: Tensor | None = None  # cat(messages in src order) -> channel order
+
+    def msg_shape(self, n: int) -> tuple[int, ...]:
+        s = list(self.shape)
+        s[self.cdim] = n
+        return tuple(s)
+
+
+@dataclass
+class Block:
+    """One weight block of a mixing op on one node: rows x (local cols, received cols)."""
+
+    n_rows: int
+    loc: Tensor  # positions in the local input
+    rcv: Tensor  # positions in the received view of the input
+    depthwise: bool = False
+
+
+@dataclass
+class MixPlan:
+    layer: str
+    node: str
+    input: str
+    out_cdim: int
+    in_cdim: int
+    kernel: MixingKernel
+    blocks: list[Block]
+    bias: bool
+    out_shape: tuple[int, ...]  # local output shape
+    needs: list[str]  # base tensors whose receives this op waits for
+
+    def weight_names(self, k: int) -> tuple[str, str]:
+        return f"{self.layer}.w{k}.local", f"{self.layer}.w{k}.recv"
+
+
+def local_index(owner: np.ndarray, rank: int) -> np.ndarray:
+    return np.nonzero((owner == rank) | (owner == REPLICATED))[0]
+
+
+def _shape_with(shape: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
+    s = list(shape)
+    s[dim] = n
+    return tuple(s)
+
+
+class NodePlan:
+    """Everything node ``rank`` needs to run its part of ``part`` with links ``kept``."""
+
+    TAG_INPUT = 1
+    TAG_OUTPUT = 2
+    TAG_LINKS = 16
+
+    def __init__(self, part: Partition, kept: np.ndarray, rank: int) -> None:
+        self.part, self.rank, self.kept = part, rank, np.asarray(kept, dtype=bool)
+        n = part.nodes
+        self.nodes = list(part.gm.graph.nodes)
+        self.by_name = {nd.name: nd for nd in self.nodes}
+        L = part.links
+        # local channels and received channels of every tensor
+        self.local: dict[str, np.ndarray] = {}
+        self.recv: dict[str, np.ndarray] = {}
+        recv_mask: dict[str, np.ndarray] = {}
+        mine = self.kept & (L.receiver == rank)
+        for t_idx, t_name in enumerate(part.link_tensors):
+            m = np.zeros(len(part.owner[t_name]), dtype=bool)
+            m[L.channel[mine & (L.tensor == t_idx)]] = True
+            recv_mask[t_name] = m
+        for nd in self.nodes:
+            own = part.owner.get(nd.name)
+            if own is None:
+                continue
+            self.local[nd.name] = local_index(own, rank)
+            bt, bc = part.base[nd.name]
+            r = np.zeros(len(own), dtype=bool)
+            for t in np.unique(bt).tolist():
+                name = part.base_names[t]
+                if name in recv_mask:
+                    sel = bt == t
+                    r[sel] = recv_mask[name][bc[sel]]
+            self.recv[nd.name] = np.nonzero(r)[0]
+        # exchanges
+        self.exchanges: dict[str, Exchange] = {}
+        for t_idx, t_name in enumerate(part.link_tensors):
+            own = part.owner[t_name]
+            ex = Exchange(t_name, self.TAG_LINKS + t_idx, part.cdim[t_name], shape_of(self.by_name[t_name]))
+            sel = self.kept & (L.tensor == t_idx)
+            ids = np.nonzero(sel)[0]
+            src = own[L.channel[ids]]
+            for dst in range(n):
+                s = ids[(src == rank) & (L.receiver[ids] == dst)]
+                s = s[np.argsort(L.channel[s], kind="stable")]
+                if len(s):
+                    ex.sends[dst] = torch.as_tensor(np.searchsorted(self.local[t_name], L.channel[s]))
+                    ex.send_links[dst] = s
+            order = []
+            for s_rank in range(n):
+                r = ids[(src == s_rank) & (L.receiver[ids] == rank)]
+                r = r[np.argsort(L.channel[r], kind="stable")]
+                if len(r):
+                    ex.recvs[s_rank] = len(r)
+                    ex.recv_links[s_rank] = r
+                    order.append(L.channel[r])
+            if order:
+                ex.recv_perm = torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))
+            if ex.sends or ex.recvs:
+                self.exchanges[t_name] = ex
+        self.sends_after = {t: ex for t, ex in self.exchanges.items() if ex.sends}
+        # mixing ops
+        self.mix: dict[str, MixPlan] = {ly.node: self._mix_plan(ly) for ly in part.layers}
+        # channel-local ops whose operands hold other channels than their output (a replicated operand)
+        self.conform: dict[tuple[str, str], Tensor] = {}
+        for nd in self.nodes:
+            rule = part.rules.get(nd.name)
+            if rule is None or rule.kind != "local" or nd.name not in self.local:
+                continue
+            out_loc = self.local[nd.name]
+            for a in nd.all_input_nodes:
+                a_loc = self.local.get(a.name)
+                if a_loc is None or len(part.owner[a.name]) != len(part.owner[nd.name]):
+                    continue
+                if not np.array_equal(a_loc, out_loc):
+                    pos = np.searchsorted(a_loc, out_loc)
+                    if np.any(pos >= len(a_loc)) or not np.array_equal(a_loc[np.minimum(pos, len(a_loc) - 1)],
+                                                                     out_loc):
+                        raise NotImplementedError(f"node {nd.name}: operand {a.name} lacks channels of the output")
+                    self.conform[(nd.name, a.name)] = torch.as_tensor(pos)
+        # last use of every value, to free memory early
+        order = {nd.name: k for k, nd in enumerate(self.nodes)}
+        self.last_use = {nd.name: max((order[u.name] for u in nd.users), default=order[nd.name])
+                         for nd in self.nodes}
+        out_node = next(nd for nd in self.nodes if nd.op == "output")
+        self.outputs = [a.name for a in out_node.all_input_nodes if part.owner.get(a.name) is not None]
+        self.output_node = out_node
+        self.inputs = [nd.name for nd in self.nodes if nd.op == "placeholder"]
+
+    def _mix_plan(self, ly: Any) -> MixPlan:
+        part, j = self.part, self.rank
+        node = self.by_name[ly.node]
+        module = part.gm.get_submodule(ly.name)
+        o, i, g = ly.rule.structure(module)
+        rows = np.nonzero(ly.out_owner == j)[0]
+        loc_x, rcv_x = self.local[ly.input], self.recv[ly.input]
+        cl = ly.col_link[j]
+        allowed = ly.allowed(self.kept)[j]
+        in_owner = part.owner[ly.input]
+        blocks: list[Block] = []
+        depthwise = i // g == 1 and not (in_owner == REPLICATED).all()
+        if depthwise:
+            blocks.append(Block(len(rows), torch.as_tensor(np.arange(len(loc_x))), torch.zeros(0, dtype=torch.long),
+                                depthwise=True))
+        else:
+            og, ig = o // g, i // g
+            for k in range(g):
+                r = rows[(rows >= k * og) & (rows < (k + 1) * og)]
+                if not len(r):
+                    continue
+                cols = np.arange(k * ig, (k + 1) * ig)
+                lc = cols[cl[cols] == ly.LOCAL]
+                rc = cols[(cl[cols] >= 0) & allowed[cols]]
+                blocks.append(Block(len(r), torch.as_tensor(np.searchsorted(loc_x, lc)),
+                                    torch.as_tensor(np.searchsorted(rcv_x, rc))))
+        bt, _ = part.base[ly.input]
+        needs = sorted({part.base_names[t] for t in np.unique(bt).tolist()} & set(self.exchanges))
+        needs = [t for t in needs if self.exchanges[t].recvs]
+        return MixPlan(
+            layer=ly.name, node=ly.node, input=ly.input, out_cdim=part.cdim[ly.node], in_cdim=part.cdim[ly.input],
+            kernel=kernel_for(ly.rule), blocks=blocks, bias=getattr(module, "bias", None) is not None,
+            out_shape=_shape_with(shape_of(node), part.cdim[ly.node], len(rows)), needs=needs,
+        )
+
+    # ---- weights --------------------------------------------------------------------------
+
+    def shard_from(self, gm: fx.GraphModule) -> tuple[dict[str, Tensor], int]:
+        """This node's weights cut from a full model's graph module, and its parameter count."""
+        part, j = self.part, self.rank
+        out: dict[str, Tensor] = {}
+        n_params = 0
+        with torch.no_grad():
+            for ly in part.layers:
+                m = gm.get_submodule(ly.name)
+                plan = self.mix[ly.node]
+                w = m.weight.detach()
+                o, i, g = ly.rule.structure(m)
+                rows = np.nonzero(ly.out_owner == j)[0]
+                loc_x, rcv_x = self.local[ly.input], self.recv[ly.input]
+                og, ig = o // g, i // g
+                if plan.blocks and plan.blocks[0].depthwise:
+                    out[plan.weight_names(0)[0]] = plan.kernel.take_depthwise(m, w, rows, loc_x).clone()
+                else:
+                    gs = [k for k in range(g) if ((rows >= k * og) & (rows < (k + 1) * og)).any()]
+                    for b, (k, blk) in enumerate(zip(gs, plan.blocks, strict=True)):
+                        r = rows[(rows >= k * og) & (rows < (k + 1) * og)]
+                        lc = loc_x[blk.loc.numpy()]
+                        rc = rcv_x[blk.rcv.numpy()]
+                        wl, wr = plan.weight_names(b)
+                        out[wl] = plan.kernel.take(m, w, r, lc, k, og, ig).clone()
+                        out[wr] = plan.kernel.take(m, w, r, rc, k, og, ig).clone()
+                if plan.bias:
+                    out[f"{ly.name}.bias"] = m.bias.detach()[torch.as_tensor(rows)].clone()
+                    n_params += len(rows)
+            n_params += sum(t.numel() for k, t in out.items() if not k.endswith(".bias"))
+            mixing = {ly.name for ly in part.layers}
+            done: set[str] = set()
+            for nd in self.nodes:
+                if nd.op != "call_module" or nd.target in mixing or nd.target in done:
+                    continue
+                done.add(nd.target)
+                m = gm.get_submodule(nd.target)
+                own = part.owner.get(nd.name)
+                for name, t, is_param in module_tensors(m):
+                    t = t.detach()
+                    if own is not None and t.dim() >= 1 and t.shape[0] == len(own) and (own != REPLICATED).all():
+                        t = slicer_for(m)(m, name, t, self.local[nd.name], len(own))
+                    out[f"{nd.target}.{name}"] = t.clone()
+                    n_params += t.numel() if is_param else 0
+            for nd in self.nodes:
+                if nd.op == "get_attr":
+                    t = _get_attr(gm, nd.target).detach()
+                    out[f"attr.{nd.target}"] = t.clone()
+                    n_params += t.numel() if isinstance(_get_attr(gm, nd.target), nn.Parameter) else 0
+        return {k: v.contiguous() for k, v in out.items()}, n_params
+
+    def expected_shapes(self, gm: fx.GraphModule) -> dict[str, tuple[int, ...]]:
+        """The tensor shapes of this node's shard (computed on a meta-device model)."""
+        return {k: tuple(v.shape) for k, v in self.shard_from(gm)[0].items()}
+
+    def local_modules(self, gm: fx.GraphModule, weights: dict[str, Tensor]) -> dict[str, nn.Module]:
+        """Channel-local modules (per call node) holding this node's slices of their parameters."""
+        import copy
+
+        mods: dict[str, nn.Module] = {}
+        mixing = {ly.name for ly in self.part.layers}
+        built: dict[str, nn.Module] = {}
+        for nd in self.nodes:
+            if nd.op != "call_module" or nd.target in mixing:
+                continue
+            if nd.target in built:
+                mods[nd.name] = built[nd.target]
+                continue
+            m = gm.get_submodule(nd.target)
+            tensors = module_tensors(m)
+            if tensors:
+                m = copy.copy(m)
+                m._parameters = dict(m._parameters)
+                m._buffers = dict(m._buffers)
+                own = self.part.owner.get(nd.name)
+                for name, _, is_param in tensors:
+                    t = weights[f"{nd.target}.{name}"]
+                    if own is not None:
+                        t = slicer_for(m)(m, name, t, self.local[nd.name], len(own))
+                    if is_param:
+                        m._parameters[name] = nn.Parameter(t, requires_grad=False)
+                    else:
+                        m._buffers[name] = t
+            m.eval()
+            built[nd.target] = m
+            mods[nd.name] = m
+        return mods
+
+
+def _get_attr(gm: nn.Module, target: str) -> Tensor:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def local_shape(plan: NodePlan, name: str, n: int) -> tuple[int, ...]:
+    return _shape_with(shape_of(plan.by_name[name]), plan.part.cdim[name], n)
+
+
+def values_per_channel(plan: NodePlan, name: str) -> int:
+    shp = shape_of(plan.by_name[name])
+    return math.prod(shp) // shp[plan.part.cdim[name]]

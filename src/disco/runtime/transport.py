@@ -1,0 +1,360 @@
+"""Transport: wire codecs, payload byte counters, link pacing, and point-to-point message passing.
+
+Link model (the same one the latency model in ``bench/`` uses): every node has one network
+interface limited to ``bandwidth`` bits/s, full duplex (sending and receiving do not compete),
+and all nodes sit behind one non-blocking switch. A message of S bytes occupies the sender's
+uplink for S*8/bandwidth seconds (messages leave one after the other), then arrives after the
+one-way ``latency``; the receiver's downlink is also serialized (S*8/bandwidth per message).
+Pacing emulates this on an unshaped link (loopback): a sender thread releases each message
+at its modelled arrival time, and the receiver holds it until its downlink would be free.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+# ---- codecs ---------------------------------------------------------------------------------
+
+class Codec:
+    """How a float32 tensor of channel planes travels on the wire (as raw bytes)."""
+
+    name = "fp32"
+    bytes_per_value = 4
+
+    def nbytes(self, shape: tuple[int, ...], cdim: int) -> int:
+        """Total bytes of the message for a tensor of ``shape``."""
+        return int(np.prod(shape)) * self.bytes_per_value
+
+    def overhead(self, shape: tuple[int, ...], cdim: int) -> int:
+        return self.nbytes(shape, cdim) - int(np.prod(shape)) * self.bytes_per_value
+
+    def encode(self, t: Tensor, cdim: int) -> Tensor:
+        return t.detach().to(torch.float32).contiguous().reshape(-1).view(torch.uint8)
+
+    def decode(self, buf: Tensor, shape: tuple[int, ...], cdim: int) -> Tensor:
+        return buf.view(torch.float32).reshape(shape)
+
+
+class CastCodec(Codec):
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.name, self.dtype = name, dtype
+        self.bytes_per_value = torch.tensor([], dtype=dtype).element_size()
+
+    def encode(self, t: Tensor, cdim: int) -> Tensor:
+        return t.detach().to(self.dtype).contiguous().reshape(-1).view(torch.uint8)
+
+    def decode(self, buf: Tensor, shape: tuple[int, ...], cdim: int) -> Tensor:
+        return buf.view(self.dtype).reshape(shape).to(torch.float32)
+
+
+class Int8Codec(Codec):
+    """int8 values with one float32 scale per channel (max-abs / 127), the scales after the values."""
+
+    name = "int8"
+    bytes_per_value = 1
+
+    def nbytes(self, shape: tuple[int, ...], cdim: int) -> int:
+        return int(np.prod(shape)) + 4 * shape[cdim]
+
+    def encode(self, t: Tensor, cdim: int) -> Tensor:
+        t = t.detach().to(torch.float32)
+        dims = [d for d in range(t.dim()) if d != cdim]
+        amax = t.abs().amax(dim=dims, keepdim=True) if dims else t.abs()
+        scale = (amax / 127.0).clamp_min(1e-30)
+        q = torch.round(t / scale).clamp_(-127, 127).to(torch.int8)
+        return torch.cat([q.contiguous().reshape(-1).view(torch.uint8),
+                          scale.reshape(-1).contiguous().view(torch.uint8)])
+
+    def decode(self, buf: Tensor, shape: tuple[int, ...], cdim: int) -> Tensor:
+        n = int(np.prod(shape))
+        q = buf[:n].view(torch.int8).reshape(shape).to(torch.float32)
+        sshape = [1] * len(shape)
+        sshape[cdim] = shape[cdim]
+        scale = buf[n:].clone().view(torch.float32).reshape(sshape)
+        return q * scale
+
+
+CODECS: dict[str, Codec] = {
+    "fp32": Codec(), "fp16": CastCodec("fp16", torch.float16), "bf16": CastCodec("bf16", torch.bfloat16),
+    "int8": Int8Codec(),
+}
+
+
+def get_codec(name: str) -> Codec:
+    try:
+        return CODECS[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODECS)}") from None
+
+
+# ---- link model -------------------------------------------------------------------------------
+
+_BW = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*$", re.I)
+_LAT = re.compile(r"^\s*([0-9.]+)\s*(us|ms|s)?\s*$", re.I)
+
+
+def parse_bandwidth(s: str | None) -> float | None:
+    """'100mbit' -> 1e8 bits/s; None, '', 'inf' or '0' -> None (unshaped)."""
+    if s is None or str(s).lower() in ("", "inf", "none", "0"):
+        return None
+    m = _BW.match(str(s))
+    if not m:
+        raise ValueError(f"cannot parse bandwidth {s!r}; write e.g. 10mbit, 100mbit, 1gbit")
+    mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    return float(m.group(1)) * mult
+
+
+def parse_latency(s: str | None) -> float:
+    """'2ms' -> 0.002 seconds."""
+    if s is None or s == "":
+        return 0.0
+    m = _LAT.match(str(s))
+    if not m:
+        raise ValueError(f"cannot parse latency {s!r}; write e.g. 2ms, 500us")
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}[m.group(2) and m.group(2).lower()]
+
+
+@dataclass
+class LinkModel:
+    """Per-node interface of ``bandwidth_bps`` (None: unshaped), full duplex, one switch, one-way latency."""
+
+    bandwidth_bps: float | None = None
+    latency_s: float = 0.0
+
+    @property
+    def shaped(self) -> bool:
+        return self.bandwidth_bps is not None or self.latency_s > 0
+
+    def wire_time(self, nbytes: int) -> float:
+        return 0.0 if self.bandwidth_bps is None else nbytes * 8.0 / self.bandwidth_bps
+
+
+# ---- transports -------------------------------------------------------------------------------
+
+class PeerError(RuntimeError):
+    """A peer died, closed its connection or stopped answering."""
+
+    def __init__(self, rank: int, why: str) -> None:
+        super().__init__(f"lost rank {rank}: {why}")
+        self.peer = rank
+
+
+class _Handle:
+    def __init__(self, tr: BaseTransport, src: int, shape: tuple[int, ...], cdim: int, codec: Codec,
+                 waiter: Callable[[], Tensor], nbytes: int) -> None:
+        self.tr, self.src, self.shape, self.cdim, self.codec, self.waiter, self.nbytes = \
+            tr, src, shape, cdim, codec, waiter, nbytes
+        self._val: Tensor | None = None
+
+    def wait(self) -> Tensor:
+        if self._val is None:
+            try:
+                buf = self.waiter()
+            except PeerError:
+                raise
+            except Exception as e:  # gloo raises RuntimeError with its own text
+                raise PeerError(self.src, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+            self.tr._downlink(self.nbytes)
+            self._val = self.codec.decode(buf, self.shape, self.cdim)
+        return self._val
+
+
+class BaseTransport:
+    """Codecs, byte counters and pacing; subclasses move raw uint8 buffers."""
+
+    def __init__(self, rank: int, nodes: int, codec: str | Codec = "fp32", link: LinkModel | None = None,
+                 n_links: int = 0, values_per_link: np.ndarray | None = None, cdims: dict[int, int] | None = None
+                 ) -> None:
+        self.rank, self.nodes = rank, nodes
+        self.codec = codec if isinstance(codec, Codec) else get_codec(codec)
+        self.raw = Codec()
+        self.link = link or LinkModel()
+        self.cdims = cdims or {}
+        self.link_bytes = np.zeros(n_links, dtype=np.int64)  # payload bytes sent per link id
+        self.values_per_link = values_per_link
+        self.payload_bytes = 0  # link payload (what the cost model counts)
+        self.overhead_bytes = 0  # codec side data (int8 scales)
+        self.other_bytes = 0  # input distribution and output gather
+        self.messages = 0
+        self._tx_free = 0.0
+        self._rx_free = 0.0
+        self._q: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if self.link.shaped:
+            self._q = queue.Queue()
+            self._thread = threading.Thread(target=self._pace_loop, name="disco-pacer", daemon=True)
+            self._thread.start()
+
+    # subclass API
+    def _post_send(self, buf: Tensor, dst: int, tag: int) -> Any:
+        raise NotImplementedError
+
+    def _post_recv(self, nbytes: int, src: int, tag: int) -> Callable[[], Tensor]:
+        raise NotImplementedError
+
+    def _wait_sends(self) -> None:
+        pass
+
+    # pacing
+    def _pace_loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                self._q.task_done()
+                return
+            release, buf, dst, tag = item
+            try:
+                delay = release - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                self._post_send(buf, dst, tag)
+            except BaseException as e:  # reported by flush()
+                self._error = e
+            finally:
+                self._q.task_done()
+
+    def _downlink(self, nbytes: int) -> None:
+        if self.link.bandwidth_bps is None:
+            return
+        now = time.perf_counter()
+        avail = max(now, self._rx_free + self.link.wire_time(nbytes))
+        self._rx_free = avail
+        if avail > now:
+            time.sleep(avail - now)
+
+    # public API
+    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True) -> None:
+        """Send ``t`` to ``dst`` (non-blocking). ``links``: the link ids it carries (for the counters)."""
+        cdim = self.cdims.get(tag, 1 if t.dim() > 1 else 0)
+        codec = self.codec if coded else self.raw
+        buf = codec.encode(t, cdim)
+        n = buf.numel()
+        if coded:
+            payload = t.numel() * codec.bytes_per_value
+            self.payload_bytes += payload
+            self.overhead_bytes += n - payload
+            if links is not None and self.values_per_link is not None:
+                self.link_bytes[links] += self.values_per_link[links] * codec.bytes_per_value
+        else:
+            self.other_bytes += n
+        self.messages += 1
+        if self._q is not None:
+            now = time.perf_counter()
+            start = max(now, self._tx_free)
+            self._tx_free = start + self.link.wire_time(n)
+            self._q.put((self._tx_free + self.link.latency_s, buf, dst, tag))
+        else:
+            self._post_send(buf, dst, tag)
+
+    def recv(self, tag: int, src: int, shape: tuple[int, ...], coded: bool = True) -> _Handle:
+        """Post a receive of a tensor of ``shape`` from ``src``; ``.wait()`` returns it (float32)."""
+        cdim = self.cdims.get(tag, 1 if len(shape) > 1 else 0)
+        codec = self.codec if coded else self.raw
+        n = codec.nbytes(shape, cdim)
+        return _Handle(self, src, shape, cdim, codec, self._post_recv(n, src, tag), n)
+
+    def flush(self) -> None:
+        """Wait until every message sent so far has left."""
+        if self._q is not None:
+            self._q.join()
+        if self._error is not None:
+            raise self._error
+        self._wait_sends()
+
+    def close(self) -> None:
+        if self._q is not None and self._thread is not None and self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join(timeout=5)
+
+    def counters(self) -> dict[str, Any]:
+        return {"payload_bytes": int(self.payload_bytes), "overhead_bytes": int(self.overhead_bytes),
+                "other_bytes": int(self.other_bytes), "messages": self.messages}
+
+
+class LocalHub:
+    """Mailboxes for N nodes running as threads of one process (tests, quick checks)."""
+
+    def __init__(self) -> None:
+        self.boxes: dict[tuple[int, int, int], queue.Queue] = {}
+        self.lock = threading.Lock()
+
+    def box(self, src: int, dst: int, tag: int) -> queue.Queue:
+        with self.lock:
+            return self.boxes.setdefault((src, dst, tag), queue.Queue())
+
+
+class ThreadTransport(BaseTransport):
+    """Transport between threads of one process (same codecs, counters and pacing)."""
+
+    def __init__(self, hub: LocalHub, rank: int, nodes: int, timeout: float = 30.0, **kw: Any) -> None:
+        self.hub, self.timeout = hub, timeout
+        super().__init__(rank, nodes, **kw)
+
+    def _post_send(self, buf: Tensor, dst: int, tag: int) -> None:
+        self.hub.box(self.rank, dst, tag).put(buf.clone())
+
+    def _post_recv(self, nbytes: int, src: int, tag: int) -> Callable[[], Tensor]:
+        box = self.hub.box(src, self.rank, tag)
+
+        def wait() -> Tensor:
+            try:
+                buf = box.get(timeout=self.timeout)
+            except queue.Empty:
+                raise PeerError(src, f"no message within {self.timeout:.0f} s") from None
+            if buf.numel() != nbytes:
+                raise RuntimeError(f"message from rank {src} has {buf.numel()} bytes, expected {nbytes}")
+            return buf
+
+        return wait
+
+
+class DistTransport(BaseTransport):
+    """torch.distributed point-to-point (gloo on CPU): one message per (tensor, src, dst)."""
+
+    def __init__(self, rank: int, nodes: int, **kw: Any) -> None:
+        self._works: list[Any] = []
+        self._lock = threading.Lock()
+        super().__init__(rank, nodes, **kw)
+
+    def _post_send(self, buf: Tensor, dst: int, tag: int) -> None:
+        import torch.distributed as dist
+
+        w = dist.isend(buf, dst, tag=tag)
+        with self._lock:
+            self._works.append((w, dst, buf))
+
+    def _post_recv(self, nbytes: int, src: int, tag: int) -> Callable[[], Tensor]:
+        import torch.distributed as dist
+
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        w = dist.irecv(buf, src, tag=tag)
+
+        def wait() -> Tensor:
+            w.wait()
+            return buf
+
+        return wait
+
+    def _wait_sends(self) -> None:
+        with self._lock:
+            works, self._works = self._works, []
+        for w, dst, _ in works:
+            try:
+                w.wait()
+            except Exception as e:
+                raise PeerError(dst, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
