@@ -96,3 +96,24 @@ def test_errors_are_clear(tmp_path, capsys):
 def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "disco.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "sparsify" in r.stdout
+
+
+@pytest.mark.dist
+def test_export_and_run_a_sparsified_checkpoint(tiny_cifar, tmp_path, capsys):
+    """The whole pipeline: train, sparsify, export, run as 2 processes; invariants 2 and 3 on the way."""
+    dense = tmp_path / "dense.safetensors"
+    main(["train", "--data", str(tiny_cifar), "--model", "cifar_resnet8", "--epochs", "1", "--batch-size", "32",
+          "--out", str(dense)])
+    sp = tmp_path / "sp.safetensors"
+    assert main(["sparsify", str(dense), "--data", str(tiny_cifar), "--ratio", "0.2", "--epochs", "1",
+                 "--batch-size", "32", "--out", str(sp)]) == 0
+    s = _json(capsys)
+    out = tmp_path / "export"
+    assert main(["export", str(sp), "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--nodes", "2", "--iters", "3", "--warmup", "1", "--data", str(tiny_cifar),
+                 "--json"]) == 0
+    r = _json(capsys)
+    assert r["max_rel_err_vs_single_process"] < 1e-4
+    assert r["bytes_sent_total"] == r["bytes_predicted"] == s["bytes"]
+    assert r["data"]["n"] == 16 and r["data"]["top1"] == pytest.approx(s["top1"])  # same predictions

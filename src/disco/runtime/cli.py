@@ -21,7 +21,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _opts(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
-    for k in ("codec", "bandwidth", "latency", "input"):
+    for k in ("codec", "bandwidth", "latency", "input", "data", "limit"):
         v = getattr(args, k)
         if v is not None:
             out += [f"--{k}", str(v)]
@@ -37,8 +37,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     man = read_manifest(args.dir)
     if args.nodes != man["nodes"]:
         raise ValueError(f"{args.dir} was exported for {man['nodes']} nodes, --nodes is {args.nodes}")
-    if args.data is not None:
-        raise ValueError("--data is not implemented yet; use --input FILE or the export's probe input")
     if args.input is not None:  # refuse a wrong input here, before starting anything
         from .node import NodeError, _load_input
 
@@ -66,6 +64,10 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"bytes sent {r['bytes_sent_total']} (cost model {r['bytes_predicted']}), input+output "
           f"{r['bytes_input_output']}")
     print("max rel. error vs single process: " + ("n/a" if err is None else f"{err:.2e}"))
+    if "data" in r:
+        d = r["data"]
+        print(f"{d['task']} test split through the split model ({d['n']} inputs): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k not in ("task", "n")))
     print("weights per node: " + ", ".join(f"{b / 1e6:.3f} MB" for b in r["weight_bytes_per_node"])
           + "; peak RSS per node: " + ", ".join(f"{m:.0f} MB" for m in r["peak_rss_mb_per_node"]))
 
@@ -85,7 +87,6 @@ def add_subcommands(sub: Any) -> None:
     r.add_argument("dir", help="export directory")
     r.add_argument("--nodes", type=int, required=True)
     add_run_options(r)
-    r.add_argument("--data", default=None, help="dataset folder (not implemented yet)")
     r.add_argument("--run-timeout", type=float, default=3600.0, help="seconds for the whole run")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)

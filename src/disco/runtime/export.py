@@ -120,6 +120,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
         "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "shards": shards, "info": info or {},
+        "task": (info or {}).get("task"),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     log.info("exported %d shards to %s (params per node %s)", part.nodes, out, [s["params"] for s in shards])
@@ -128,20 +129,15 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32") -> dict[str, Any]:
     """Export a sparsified DISCO checkpoint (one with ``disco`` metadata: nodes, kept links)."""
-    from ..checkpoint import load_checkpoint
-    from ..models import build_model
+    from ..loading import load
 
-    ck = load_checkpoint(ckpt_path)
-    if ck.disco is None:
+    loaded = load(ckpt_path)  # checks format, checksum and the partition fingerprint
+    if loaded.partition is None:
         raise ShardError(f"{ckpt_path} is a dense checkpoint (no DISCO nodes/kept links); sparsify it first, "
                          "or export a dense split with export(model, partition, None, ...)")
-    model = build_model(ck.model["name"], **ck.model.get("kwargs", {}))
-    model.load_state_dict(ck.state_dict)
-    part = partition(model, tuple(ck.input_shape), ck.nodes)
-    if ck.disco.get("fingerprint") and ck.disco["fingerprint"] != part.fingerprint():
-        raise ShardError(f"{ckpt_path}: partition fingerprint {ck.disco['fingerprint']} does not match the one "
-                         f"this disco computes ({part.fingerprint()})")
-    return export(model, part, ck.kept(), out_dir, ck.model, codec=codec, info={"checkpoint": str(ckpt_path)})
+    return export(loaded.model, loaded.partition, loaded.model.kept, out_dir, loaded.ckpt.model, codec=codec,
+                  info={"checkpoint": str(ckpt_path), "metrics": loaded.ckpt.info.get("metrics", {}),
+                        "task": loaded.ckpt.task})
 
 
 def read_manifest(d: str | Path) -> dict[str, Any]:

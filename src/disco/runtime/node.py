@@ -66,6 +66,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", default=None, help="emulated one-way latency per message, e.g. 2ms")
     p.add_argument("--input", default=None, help="input tensor file (.safetensors with 'input', .pt or .npy); "
                    "default: the export's probe input, checked against the single-process output")
+    p.add_argument("--data", default=None, help="dataset folder: the leader also runs the task's test split "
+                   "through the split model and reports its metric (e.g. top1)")
+    p.add_argument("--limit", type=int, default=None, help="with --data: only this many test inputs")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20, help="timed inferences")
     p.add_argument("--stream", type=int, default=0, help="also measure throughput with this many inputs in flight")
@@ -189,6 +192,39 @@ def _die(rank: int, why: str, store: Any, publish: bool = True) -> None:
 
 # ---- main ---------------------------------------------------------------------------------
 
+def _run_data(args: argparse.Namespace, man: dict[str, Any], ex: Any, store: Any, rank: int,
+              probe: torch.Tensor | None) -> dict[str, Any] | None:
+    """Run the task's test split through the split model (the leader feeds it; the others follow)."""
+    if rank != 0:
+        _wait_keys(store, ["data/n"], args.timeout, f"rank {rank}: waiting for the data count")
+        for _ in range(int(store.get("data/n"))):
+            ex.run(None)
+        return None
+    from ..tasks import get_task
+
+    task = get_task(man.get("task") or "cifar10")
+    _, test = task.loaders(args.data, int(man["input_shape"][0]), limit=args.limit)
+    b = int(man["input_shape"][0])  # the split model runs at its exported batch size
+    batches = [(xb[i:i + b], yb[i:i + b]) for xb, yb in test for i in range(0, len(yb) - b + 1, b)]
+    store.set("data/n", str(len(batches)))
+    outs, targets = [], []
+    for xb, yb in batches:
+        outs.append(ex.run([xb.contiguous()]))
+        targets.append(yb)
+
+    class _Replay(torch.nn.Module):  # feeds the recorded distributed outputs to the task's metric
+        def __init__(self) -> None:
+            super().__init__()
+            self.k = 0
+
+        def forward(self, _x: torch.Tensor) -> torch.Tensor:
+            self.k += 1
+            return outs[self.k - 1]
+
+    metrics = task.evaluate(_Replay(), list(zip([b[0] for b in batches], targets, strict=True)))
+    return {"task": task.name, **metrics, "n": len(batches) * b}
+
+
 def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
     """Start-up, run, report. Returns the leader's report (None on other ranks)."""
     import torch.distributed as dist
@@ -252,6 +288,10 @@ def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
                        cdims={ex.tag: ex.cdim for ex in plan.exchanges.values()})
     ex = Executor(plan, state.gm, state.weights, tr)
     inputs = [x] if rank == 0 else None
+    data_metrics = None
+    if args.data:
+        data_metrics = _run_data(args, man, ex, store, rank, x)
+        tr.reset_counters()  # the report's byte counts are per inference
     lat: list[float] = []
     first = None
     per_inf: dict[str, int] = {}
@@ -319,6 +359,8 @@ def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
             "params_per_node": [s["params"] for s in all_stats], "params_dense": man["params_dense"],
             "messages_per_inference": int(sum(s["messages"] for s in all_stats)),
         }
+        if data_metrics is not None:
+            report["data"] = data_metrics
         if args.result:
             Path(args.result).write_text(json.dumps(report))
     wd.stop.set()

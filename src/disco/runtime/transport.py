@@ -281,6 +281,11 @@ class BaseTransport:
             self._q.put(None)
             self._thread.join(timeout=5)
 
+    def reset_counters(self) -> None:
+        """Zero the byte and message counters (e.g. between a dataset pass and the timed runs)."""
+        self.link_bytes[:] = 0
+        self.payload_bytes = self.overhead_bytes = self.other_bytes = self.messages = 0
+
     def counters(self) -> dict[str, Any]:
         return {"payload_bytes": int(self.payload_bytes), "overhead_bytes": int(self.overhead_bytes),
                 "other_bytes": int(self.other_bytes), "messages": self.messages}
