@@ -117,3 +117,14 @@ def test_export_and_run_a_sparsified_checkpoint(tiny_cifar, tmp_path, capsys):
     assert r["max_rel_err_vs_single_process"] < 1e-4
     assert r["bytes_sent_total"] == r["bytes_predicted"] == s["bytes"]
     assert r["data"]["n"] == 16 and r["data"]["top1"] == pytest.approx(s["top1"])  # same predictions
+
+
+@pytest.mark.dist
+def test_demo_json(capsys):
+    """The README's main command: split, check invariant 1, cost, run as processes, compare."""
+    assert main(["demo", "--iters", "3", "--json"]) == 0
+    d = _json(capsys)
+    assert d["invariant1_rel_err"] < 1e-5
+    assert d["max_rel_err_vs_single_process"] < 1e-4
+    assert d["bytes_sent_total"] == d["bytes"] and abs(d["ratio"] - 0.2) <= 0.01
+    assert set(d["latency_ms"]) == {"dense", "disco"}
