@@ -71,6 +71,7 @@ MODELS = {
     "resnet50": (lambda: build_model("resnet50"), (1, 3, 64, 64)),
     "vgg11_bn": (lambda: build_model("vgg11_bn"), (1, 3, 32, 32)),
     "mobilenet_v3_small": (lambda: build_model("mobilenet_v3_small"), (1, 3, 64, 64)),
+    "rrdbnet_tiny": (lambda: build_model("rrdbnet_tiny"), (1, 3, 12, 12)),
 }
 
 
@@ -97,7 +98,7 @@ def test_invariant1_all_links_equals_original(name, nodes):
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
-@pytest.mark.parametrize("name", ["allops", "cifar_resnet20", "mobilenet_v3_small", "vgg11_bn"])
+@pytest.mark.parametrize("name", ["allops", "cifar_resnet20", "mobilenet_v3_small", "vgg11_bn", "rrdbnet_tiny"])
 def test_masked_model_matches_activation_masking_reference(name, nodes):
     """Weight masks compute what nodes compute when each only sees its own + received channels."""
     torch.manual_seed(1)

@@ -71,7 +71,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.mark.parametrize("name", ["cifar_resnet8", "cifar_resnet20", "zoo"])
+@pytest.mark.parametrize("name", ["cifar_resnet8", "cifar_resnet20", "zoo", "rrdbnet_tiny", "mobilenet_v3_small",
+                                  "resnet18"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_plan_matches_disco_model_and_cost(name: str, n: int) -> None:
     _, part, kept, _, x, ref = _setup(name, n)

@@ -80,4 +80,4 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     log.info("loaded weights from %s", path)
 
 
-from . import cifar_resnet  # noqa: E402,F401  (registers the CIFAR ResNets)
+from . import cifar_resnet, rrdbnet  # noqa: E402,F401  (registers the project models)
