@@ -50,6 +50,7 @@ class CostReport:
     bytes: int
     input_bytes: int
     output_bytes: int
+    stats_bytes: int  # channel reductions (LayerNorm): per-position statistics every node sends every other
     flops_dense: int  # the whole model on one device
     flops_total: int  # summed over the nodes
     flops_per_node: list[int]
@@ -155,7 +156,8 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
         flops_dense += int(math.prod(shp) * fpe)
 
     # ---- bytes
-    input_bytes = sum(math.prod(shape_of(nd)) for nd in gm.graph.nodes if nd.op == "placeholder") * (n - 1)
+    input_bytes = sum(math.prod(shape_of(nd)) for nd in gm.graph.nodes
+                      if nd.op == "placeholder" and shape_of(nd) is not None) * (n - 1)
     output_bytes = 0
     for nd in gm.graph.nodes:
         if nd.op == "output":
@@ -165,6 +167,13 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
                     output_bytes += int(((own != 0) & (own != REPLICATED)).sum()) * (
                         math.prod(shape_of(a)) // len(own))
 
+    stats_values = 0
+    for nd in gm.graph.nodes:
+        rule, own = part.rules.get(nd.name), part.owner.get(nd.name)
+        if rule is not None and rule.kind == "reduce" and own is not None and not (own == REPLICATED).all():
+            positions = math.prod(shape_of(nd)) // len(own)
+            stats_values += getattr(rule, "stats", 2) * positions * n * (n - 1)
+
     # ---- memory
     peak = _peak_memory(part, kept, bytes_per_value)
 
@@ -172,6 +181,7 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
         nodes=n, input_shape=list(part.input_shape), ratio=part.ratio(kept),
         dense_bytes=part.dense_values() * bytes_per_value, bytes=part.kept_values(kept) * bytes_per_value,
         input_bytes=input_bytes * bytes_per_value, output_bytes=output_bytes * bytes_per_value,
+        stats_bytes=stats_values * 4,
         flops_dense=int(flops_dense), flops_total=int(flops.sum()), flops_per_node=flops.tolist(),
         params_dense=sum(p.numel() for p in part.gm.parameters()),
         params_per_node=params_per_node(part, kept), peak_activation_bytes_per_node=peak,
@@ -232,7 +242,9 @@ def format_table(rep: CostReport) -> str:
         f"nodes {rep.nodes}, input {tuple(rep.input_shape)}, ratio r = {rep.ratio:.4f}",
         f"bytes moved: dense {rep.dense_bytes / mb:.3f} MB, disco {rep.bytes / mb:.3f} MB "
         f"({rep.dense_bytes / max(rep.bytes, 1):.1f}x less); input distribution {rep.input_bytes / mb:.3f} MB, "
-        f"output gather {rep.output_bytes / mb:.3f} MB",
+        f"output gather {rep.output_bytes / mb:.3f} MB"
+        + (f", LayerNorm statistics {rep.stats_bytes / mb:.3f} MB ({rep.stats_bytes / max(rep.bytes, 1):.1%} of the "
+           "link bytes)" if rep.stats_bytes else ""),
         f"FLOPs: one device {rep.flops_dense / 1e9:.3f} G, disco total {rep.flops_total / 1e9:.3f} G "
         f"({rep.flops_total / max(rep.flops_dense, 1):.2f}x), per node "
         + ", ".join(f"{f / 1e9:.3f}" for f in rep.flops_per_node) + " G",

@@ -19,7 +19,7 @@ import torch
 from torch import fx, nn
 
 from .capture import capture, shape_of
-from .rules import Mixing, Rule, rule_for
+from .rules import Mixing, Rule, rule_for, tensor_args
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +58,15 @@ class _UnionFind:
 class Builder:
     """What rules see while ownership is inferred: atoms, channel dims and shapes per node."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, nodes: int) -> None:
         self.gm = gm
+        self.nodes = nodes
         self.uf = _UnionFind()
         self.blocks: list[np.ndarray] = []  # atoms created by each mixing op, in creation order
         self.atoms: dict[fx.Node, np.ndarray | None] = {}
         self.cdim: dict[fx.Node, int] = {}
         self.sources: dict[fx.Node, list[tuple[fx.Node, np.ndarray]]] = {}
+        self.rule_of: dict[fx.Node, Rule] = {}  # a rule may hand a node to another rule (cat over tokens)
 
     # queries
     def shape(self, node: fx.Node) -> tuple[int, ...] | None:
@@ -89,6 +91,10 @@ class Builder:
     def set_view(self, node: fx.Node, segments: list[tuple[fx.Node, np.ndarray]], cdim: int) -> None:
         self.sources[node] = segments
         self.set(node, np.concatenate([self.atoms[a][idx] for a, idx in segments]), cdim)
+
+    def use_rule(self, node: fx.Node, rule: Rule) -> None:
+        """Record that ``node`` behaves by ``rule`` (its kind decides how it runs and is costed)."""
+        self.rule_of[node] = rule
 
     def couple(self, node: fx.Node, a: fx.Node, b: fx.Node) -> None:
         """Operands ``a`` and ``b`` of ``node`` must have the same owner per channel."""
@@ -243,36 +249,40 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
     if not isinstance(example, torch.Tensor):
         example = torch.zeros(tuple(example))
     gm = capture(model, example)
-    b = Builder(gm)
+    b = Builder(gm, nodes)
     rules: dict[str, Rule] = {}
     for node in gm.graph.nodes:
         shp = shape_of(node)
         if node.op in ("placeholder", "get_attr"):
             if shp is None:
                 b.set_static(node)
-            else:
-                cd = 1 if len(shp) > 1 else 0
+            else:  # replicated: channels along dim 1 (images), the last dim for B x T x D tokens
+                cd = len(shp) - 1 if (len(shp) == 3 or len(shp) < 2) else 1
                 b.set(node, np.full(shp[cd], REPLICATED), cd)
             continue
         if node.op == "output":
             continue
         rule = rule_for(node, gm)
+        if rule is None and shp is None and not tensor_args(node, b):
+            b.set_static(node)  # arithmetic on sizes and flags: computed on every node
+            continue
         if rule is None:
             raise UnsupportedOpError(
                 f"no op rule for {describe(node, gm)}; add one with disco.graph.rules.register_*_rule"
             )
         module = gm.get_submodule(node.target) if node.op == "call_module" else None
         rule.infer(b, node, module)
-        rules[node.name] = rule
+        rules[node.name] = b.rule_of.get(node, rule)
 
-    # owners: each unified group takes the balanced-split owner of its first-created atom
+    # owners: blocks in creation order; the groups of unified atoms of a block that have no owner
+    # yet (in order of first appearance) are split over the nodes in a balanced, contiguous way
     roots_owner = np.full(len(b.uf.parent), REPLICATED, dtype=np.int64)
     for block in b.blocks:
         roots = b.uf.find(block)
-        split = split_owner(len(block), nodes)
-        for r, o in zip(roots.tolist(), split.tolist(), strict=True):
-            if roots_owner[r] == REPLICATED:
-                roots_owner[r] = o
+        uniq, first = np.unique(roots, return_index=True)
+        groups = uniq[np.argsort(first)]
+        groups = groups[roots_owner[groups] == REPLICATED]
+        roots_owner[groups] = split_owner(len(groups), nodes)
 
     def owner_of(atoms: np.ndarray) -> np.ndarray:
         out = np.full(len(atoms), REPLICATED, dtype=np.int64)

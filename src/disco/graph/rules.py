@@ -194,18 +194,22 @@ class Cat(Rule):
         dim = _arg(node, 1, "dim", 0) % rank
         if any(b.atoms.get(a) is None for a in ins):
             b.unsupported(node, "concatenates a value that is not a feature tensor")
-        cdims = {b.cdim[a] for a in ins}
+        cdims = {b.cdim[a] for a in ins if not b.replicated(a)} or {b.cdim[a] for a in ins}
         if len(cdims) != 1:
             b.unsupported(node, "concatenates tensors whose channel dims differ")
         cdim = cdims.pop()
         if dim == cdim:
             b.set_view(node, [(a, np.arange(len(b.atoms[a]))) for a in ins], cdim)
-        else:
+        else:  # e.g. a class token joining the patch tokens: a local op, operands coupled per channel
             main = next((a for a in ins if not b.replicated(a)), ins[0])
             for other in ins:
-                if other is not main:
+                if other is not main and not b.replicated(other):
                     b.couple(node, main, other)
             b.set(node, b.atoms[main], cdim)
+            b.use_rule(node, _CAT_LOCAL)
+
+
+_CAT_LOCAL = Local(flops=0)  # the rule a concatenation along a non-channel dim behaves by
 
 
 class Flatten(Rule):
@@ -277,6 +281,60 @@ class PixelUnshuffleRule(Rule):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         b.set(node, np.repeat(b.atoms[x], module.downscale_factor ** 2), b.cdim[x])
+
+
+class Transpose(Rule):
+    """transpose / permute: the data moves, the channels do not change owner."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        rank, c = len(b.shape(x)), b.cdim[x]
+        if node.target == "permute":
+            perm = node.args[1:] if not isinstance(node.args[1], (tuple, list)) else node.args[1]
+            new = [int(p) % rank for p in perm].index(c)
+        else:
+            d0, d1 = (int(d) % rank for d in node.args[1:3])
+            new = d1 if c == d0 else d0 if c == d1 else c
+        b.set(node, b.atoms[x], new)
+
+    def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
+        return 0.0
+
+
+class GetItem(Rule):
+    """``x[...]``: indexing that keeps the whole channel dim (e.g. the class token ``x[:, 0]``);
+    on non-tensors (sizes) a static value."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = node.args[0]
+        if not isinstance(x, fx.Node) or b.atoms.get(x) is None:
+            Static().infer(b, node, module)
+            return
+        idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if any(i is Ellipsis or i is None or isinstance(i, fx.Node) for i in idx):
+            b.unsupported(node, "indexes a feature tensor with ..., None or a tensor")
+        c = b.cdim[x]
+        if c < len(idx) and idx[c] != slice(None):
+            b.unsupported(node, "selects part of the channel dim")
+        b.set(node, b.atoms[x], c - sum(isinstance(i, int) for i in idx[:c]))
+
+    def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
+        return 0.0
+
+
+class Reduce(Local):
+    """A channel reduction kept exact (LayerNorm over the channel dim): ownership passes through;
+    the nodes all-reduce ``stats`` values per normalised position (counted apart from links)."""
+
+    kind = "reduce"
+    stats = 2  # sum and sum of squares
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        shape = getattr(module, "normalized_shape", None)
+        if shape is not None and (len(shape) != 1 or b.cdim[x] != len(b.shape(x)) - 1):
+            b.unsupported(node, "normalises over more than the channel dim")
+        super().infer(b, node, module)
 
 
 class Mixing(Rule):
@@ -424,7 +482,12 @@ register_function_rule(
 register_function_rule(torch.cat, torch.concat)(Cat())
 register_function_rule(torch.flatten, torch.reshape)(Flatten())
 register_function_rule(F.dropout, F.dropout2d)(View())
-register_function_rule(getattr, operator.getitem)(Static())
+register_function_rule(getattr, torch._assert, fx._symbolic_trace._assert_is_none)(Static())
+register_function_rule(operator.getitem)(GetItem())
+register_module_rule(nn.LayerNorm)(Reduce(flops=5))
+register_function_rule(torch.transpose)(Transpose())
+register_method_rule("transpose", "permute")(Transpose())
+register_method_rule("expand")(Local(flops=0))
 
 register_method_rule("relu", "relu_", "sigmoid", "sigmoid_", "tanh", "clamp", "clamp_")(Local(flops=1))
 register_method_rule("add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_")(Elementwise())

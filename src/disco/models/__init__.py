@@ -47,16 +47,24 @@ def build_model(name: str, weights: str | Path | None = None, **kwargs: Any) -> 
     else:
         import torchvision
 
-        try:
+        if name in torchvision.models.list_models():
             model = torchvision.models.get_model(name, weights=None, **kwargs)
-        except ValueError as e:
-            raise ValueError(
-                f"unknown model {name!r}: not registered in disco ({', '.join(list_models())}) "
-                "and not a torchvision model name"
-            ) from e
+        else:
+            model = _timm_model(name, kwargs)
     if weights is not None:
         load_weights(model, weights)
     return model.eval()
+
+
+def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    try:
+        import timm
+    except ImportError:  # pragma: no cover
+        timm = None
+    if timm is None or not timm.is_model(name):
+        raise ValueError(f"unknown model {name!r}: not registered in disco ({', '.join(list_models())}), "
+                         "not a torchvision model and not a timm model")
+    return timm.create_model(name, pretrained=False, **kwargs)  # never downloads
 
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
@@ -80,4 +88,4 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     log.info("loaded weights from %s", path)
 
 
-from . import cifar_resnet, rrdbnet  # noqa: E402,F401  (registers the project models)
+from . import cifar_resnet, rrdbnet, vit  # noqa: E402,F401  (registers the project models)

@@ -65,6 +65,8 @@ class Executor:
             own = plan.part.owner[name]
             out_ranks[name] = {j: torch.as_tensor(np.nonzero(own == j)[0]) for j in range(plan.part.nodes)}
         self.out_ranks = out_ranks
+        reduces = [nd.name for nd in plan.nodes if getattr(plan.part.rules.get(nd.name), "kind", None) == "reduce"]
+        self.stats_tags = {name: NodePlan.TAG_STATS + k for k, name in enumerate(reduces)}
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -141,6 +143,38 @@ class Executor:
             out = out + self.w[f"{mp.layer}.bias"].view(shape)
         return out
 
+    def _reduce(self, nd: fx.Node, x: Tensor) -> Tensor:
+        """LayerNorm over channels split across nodes, exact: every node sends its per-position
+        (mean, M2) over its own channels to every other node and combines them (Chan et al.)."""
+        plan, tr = self.plan, self.tr
+        mod = self.mods.get(nd.name) or self.gm.get_submodule(nd.target)
+        cdim = plan.part.cdim[nd.name]
+        owner = plan.part.owner[nd.name]
+        counts = torch.as_tensor(np.bincount(owner, minlength=plan.part.nodes), dtype=x.dtype)
+        tag = self.stats_tags[nd.name]
+        if x.shape[cdim]:
+            mean = x.mean(cdim)
+            m2 = (x - mean.unsqueeze(cdim)).pow(2).sum(cdim)
+        else:
+            mean = m2 = torch.zeros(x.shape[:cdim] + x.shape[cdim + 1:], dtype=x.dtype)
+        mine = torch.stack([mean, m2], -1)
+        handles = {j: tr.recv(tag, j, tuple(mine.shape), coded=False) for j in range(plan.part.nodes)
+                   if j != plan.rank}
+        for j in handles:
+            tr.send(tag, j, mine, coded=False, stats=True)
+        parts = {plan.rank: mine, **{j: h.wait() for j, h in handles.items()}}
+        st = torch.stack([parts[j] for j in range(plan.part.nodes)])  # [N, ..., 2]
+        n = counts.view(-1, *([1] * (st.dim() - 2)))
+        total = counts.sum()
+        g_mean = (st[..., 0] * n).sum(0) / total
+        g_m2 = (st[..., 1] + n * (st[..., 0] - g_mean).pow(2)).sum(0)
+        y = (x - g_mean.unsqueeze(cdim)) / torch.sqrt(g_m2.unsqueeze(cdim) / total + mod.eps)
+        if getattr(mod, "weight", None) is not None:
+            y = y * mod.weight
+        if getattr(mod, "bias", None) is not None:
+            y = y + mod.bias
+        return y
+
     # ---- one inference --------------------------------------------------------------------
 
     def run(self, inputs: list[Tensor] | None = None) -> Any:
@@ -159,7 +193,7 @@ class Executor:
         for t, ex in plan.exchanges.items():  # post every receive up front
             if ex.recvs:
                 pending[t] = [(s, tr.recv(ex.tag, s, ex.msg_shape(c))) for s, c in ex.recvs.items()]
-        env: dict[str, Any] = {}
+        env: dict[str, Any] = dict(plan.fixed_args)
         self._env = env
         renv: dict[str, Tensor] = {}
         for k, name in enumerate(plan.inputs):
@@ -181,7 +215,9 @@ class Executor:
                 env[name] = self._mixing(mp, env[mp.input], renv, pending)
             else:
                 rule = plan.part.rules.get(name)
-                if rule is not None and isinstance(rule, Flatten):
+                if rule is not None and rule.kind == "reduce" and not (plan.part.owner[name] == REPLICATED).all():
+                    env[name] = self._reduce(nd, env[nd.all_input_nodes[0].name])
+                elif rule is not None and isinstance(rule, Flatten):
                     src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
                     env[name] = env[src.name].reshape(local_shape(plan, name, len(plan.local[name])))
                 else:

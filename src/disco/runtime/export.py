@@ -119,7 +119,8 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "input_shape": list(part.input_shape), "input_dtype": "float32", "fingerprint": fp,
         "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
-        "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "shards": shards, "info": info or {},
+        "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "stats_bytes": rep.stats_bytes,
+        "shards": shards, "info": info or {},
         "task": (info or {}).get("task"),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

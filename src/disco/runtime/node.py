@@ -328,7 +328,8 @@ def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
              "weight_bytes": state.weight_bytes, "params": int(sum(s["params"] for s in man["shards"]
                                                                    if s["rank"] == rank)),
              "payload_bytes": per_inf.get("payload_bytes", 0), "overhead_bytes": per_inf.get("overhead_bytes", 0),
-             "other_bytes": per_inf.get("other_bytes", 0), "messages": per_inf.get("messages", 0)}
+             "other_bytes": per_inf.get("other_bytes", 0), "stats_bytes": per_inf.get("stats_bytes", 0),
+             "messages": per_inf.get("messages", 0)}
     store.set(f"stats/{rank}", json.dumps(stats))
     if rank != 0:
         wd.stop.set()  # rank 0 may exit as soon as every node is done
@@ -353,6 +354,8 @@ def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
             "bytes_predicted": int(man["bytes_predicted"] // 4 * bpv),
             "bytes_codec_overhead": int(sum(s["overhead_bytes"] for s in all_stats)),
             "bytes_input_output": int(sum(s["other_bytes"] for s in all_stats)),
+            "bytes_stats": int(sum(s.get("stats_bytes", 0) for s in all_stats)),
+            "bytes_stats_predicted": int(man.get("stats_bytes", 0)),
             "max_rel_err_vs_single_process": err,
             "peak_rss_mb_per_node": [s["peak_rss_mb"] for s in all_stats],
             "weight_bytes_per_node": [s["weight_bytes"] for s in all_stats],

@@ -215,6 +215,7 @@ class NodePlan:
     TAG_INPUT = 1
     TAG_OUTPUT = 2
     TAG_LINKS = 16
+    TAG_STATS = 1 << 20  # + index of the channel reduction (LayerNorm) in graph order
 
     def __init__(self, part: Partition, kept: np.ndarray, rank: int) -> None:
         self.part, self.rank, self.kept = part, rank, np.asarray(kept, dtype=bool)
@@ -297,7 +298,10 @@ class NodePlan:
         out_node = next(nd for nd in self.nodes if nd.op == "output")
         self.outputs = [a.name for a in out_node.all_input_nodes if part.owner.get(a.name) is not None]
         self.output_node = out_node
-        self.inputs = [nd.name for nd in self.nodes if nd.op == "placeholder"]
+        # the feature inputs; other placeholders are arguments fixed to their defaults when tracing
+        self.inputs = [nd.name for nd in self.nodes if nd.op == "placeholder" and shape_of(nd) is not None]
+        self.fixed_args = {nd.name: (nd.args[0] if nd.args else None) for nd in self.nodes
+                           if nd.op == "placeholder" and shape_of(nd) is None}
 
     def _mix_plan(self, ly: Any) -> MixPlan:
         part, j = self.part, self.rank

@@ -189,6 +189,7 @@ class BaseTransport:
         self.payload_bytes = 0  # link payload (what the cost model counts)
         self.overhead_bytes = 0  # codec side data (int8 scales)
         self.other_bytes = 0  # input distribution and output gather
+        self.stats_bytes = 0  # channel-reduction statistics (LayerNorm all-reduce)
         self.messages = 0
         self._tx_free = 0.0
         self._rx_free = 0.0
@@ -238,8 +239,10 @@ class BaseTransport:
             time.sleep(avail - now)
 
     # public API
-    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True) -> None:
-        """Send ``t`` to ``dst`` (non-blocking). ``links``: the link ids it carries (for the counters)."""
+    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True,
+             stats: bool = False) -> None:
+        """Send ``t`` to ``dst`` (non-blocking). ``links``: the link ids it carries (for the counters);
+        ``stats``: channel-reduction statistics (LayerNorm), counted apart, sent uncoded."""
         cdim = self.cdims.get(tag, 1 if t.dim() > 1 else 0)
         codec = self.codec if coded else self.raw
         buf = codec.encode(t, cdim)
@@ -250,6 +253,8 @@ class BaseTransport:
             self.overhead_bytes += n - payload
             if links is not None and self.values_per_link is not None:
                 self.link_bytes[links] += self.values_per_link[links] * codec.bytes_per_value
+        elif stats:
+            self.stats_bytes += n
         else:
             self.other_bytes += n
         self.messages += 1
@@ -284,11 +289,12 @@ class BaseTransport:
     def reset_counters(self) -> None:
         """Zero the byte and message counters (e.g. between a dataset pass and the timed runs)."""
         self.link_bytes[:] = 0
-        self.payload_bytes = self.overhead_bytes = self.other_bytes = self.messages = 0
+        self.payload_bytes = self.overhead_bytes = self.other_bytes = self.stats_bytes = self.messages = 0
 
     def counters(self) -> dict[str, Any]:
         return {"payload_bytes": int(self.payload_bytes), "overhead_bytes": int(self.overhead_bytes),
-                "other_bytes": int(self.other_bytes), "messages": self.messages}
+                "other_bytes": int(self.other_bytes), "stats_bytes": int(self.stats_bytes),
+                "messages": self.messages}
 
 
 class LocalHub:
