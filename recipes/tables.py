@@ -7,6 +7,7 @@ Each table sits in README.md between ``<!-- table:NAME -->`` and ``<!-- /table:N
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -57,20 +58,74 @@ def plot_cifar10(entries: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-TABLES = {"cifar10_resnet": (cifar10_resnet, plot_cifar10)}
+def sr_rrdbnet(entries: list[dict]) -> str:
+    """Super-resolution x4: PSNR/SSIM (Y, shaved) per set, bicubic and dense first."""
+    dense = next(e for e in entries if e["name"] == "dense")
+    rows = ["| run | N | r (achieved) | Set5 PSNR (dB) | vs dense | Set5 SSIM | Set14 PSNR | BSD100 PSNR | "
+            "KB moved / 24x24 LR input | FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 11]
+    b5 = dense["bicubic_psnr_set5"]
+    rows.append(f"| bicubic | - | - | {b5:.2f} | {b5 - dense['psnr_set5']:+.2f} "
+                f"| {dense['bicubic_ssim_set5']:.4f} | {dense['bicubic_psnr_set14']:.2f} | "
+                f"{dense['bicubic_psnr_bsd100']:.2f} | - | - | - |")
+    for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
+        if e["name"] == "dense":
+            rows.append(f"| dense (one device) | 1 | 1 | {e['psnr_set5']:.2f} | - | {e['ssim_set5']:.4f} | "
+                        f"{e['psnr_set14']:.2f} | {e['psnr_bsd100']:.2f} | - | 1.00 | 1.00 |")
+            continue
+        w = max(e["params_per_node"]) / e["params_dense"]
+        rows.append(
+            f"| {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['psnr_set5']:.2f} | "
+            f"{e['psnr_set5'] - dense['psnr_set5']:+.2f} | {e['ssim_set5']:.4f} | {e['psnr_set14']:.2f} | "
+            f"{e['psnr_bsd100']:.2f} | {e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f}) | "
+            f"{e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
+    return "\n".join(rows)
+
+
+def plot_sr(entries: list[dict], path: Path) -> None:
+    """PSNR against communication ratio, Set5 and Set14, with dense and bicubic as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dense = next(e for e in entries if e["name"] == "dense")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, s in zip(axes, ("set5", "set14"), strict=True):
+        for n, marker in ((2, "o"), (4, "s")):
+            pts = sorted((e["ratio"], e[f"psnr_{s}"]) for e in entries if e["nodes"] == n)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
+        ax.axhline(dense[f"psnr_{s}"], color="k", ls="--", lw=1, label="dense, one device")
+        ax.axhline(dense[f"bicubic_psnr_{s}"], color="gray", ls=":", lw=1, label="bicubic")
+        ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
+        ax.set_ylabel(f"{s.capitalize()} x4 PSNR on Y (dB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{dense['model']}, x4 super-resolution: PSNR vs communication")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+TABLES = {"cifar10_resnet": (cifar10_resnet, plot_cifar10), "sr_rrdbnet": (sr_rrdbnet, plot_sr)}
 
 
 def main() -> None:
-    readme = ROOT / "README.md"
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=str(ROOT / "results"), help="folder of the JSON files and plots")
+    p.add_argument("--readme", default=str(ROOT / "README.md"), help="file whose table markers are filled")
+    args = p.parse_args()
+    results, readme = Path(args.results), Path(args.readme)
     text = readme.read_text()
     for name, (table, plot) in TABLES.items():
-        src = ROOT / "results" / f"{name}.json"
+        src = results / f"{name}.json"
         if not src.is_file():
             continue
         entries = json.loads(src.read_text())
-        plot(entries, ROOT / "results" / f"{name}.png")
+        plot(entries, results / f"{name}.png")
+        body = table(entries)
         pat = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
-        text = pat.sub(lambda m: m.group(1) + table(entries) + "\n" + m.group(2), text)
+        text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     readme.write_text(text)
 
 

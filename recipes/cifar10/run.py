@@ -28,7 +28,6 @@ RUNS = [
     ("n2_r0", 2, 0.0, "global", "magnitude"),
     ("n2_r0.5", 2, 0.5, "global", "magnitude"),
     ("n2_r0.1_layer", 2, 0.1, "layer", "magnitude"),
-    ("n2_r0.2_layer", 2, 0.2, "layer", "magnitude"),
     ("n2_r0.1_random", 2, 0.1, "global", "random"),
     ("n4_r0.1", 4, 0.1, "global", "magnitude"),
     ("n4_r0", 4, 0.0, "global", "magnitude"),
@@ -49,7 +48,7 @@ def main() -> None:
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10"))
     p.add_argument("--runs", default=str(ROOT / "runs" / "cifar10"))
     p.add_argument("--dense-epochs", type=int, default=20)
-    p.add_argument("--epochs", type=int, default=3, help="fine-tuning epochs of every DISCO run")
+    p.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs of every DISCO run")
     p.add_argument("--distill", type=float, default=0.5)
     p.add_argument("--workers", type=int, default=2, help="DISCO runs in parallel (one thread each)")
     p.add_argument("--only", nargs="*", help="run only these names (e.g. n2_r0.2)")
