@@ -16,8 +16,11 @@ PANELS = (("dense", "dense"), ("n2_r0.1", "DISCO N=2, r=0.1"), ("n2_r0", "separa
 
 @torch.no_grad()
 def make_picture(runs: str | Path, data: str | Path, out: str | Path, image: str = "comic",
-                 scale: int = 4) -> Path:
-    """Render the panels from the checkpoints in ``runs``; each title carries the image's Y PSNR."""
+                 scale: int = 4, crop: tuple[int, int, int] | None = (80, 100, 96)) -> Path:
+    """Render the panels from the checkpoints in ``runs``; each title carries the image's Y PSNR.
+
+    ``crop`` = (x, y, size) in HR pixels adds a second row that zooms into that square.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,12 +41,22 @@ def make_picture(runs: str | Path, data: str | Path, out: str | Path, image: str
         if ckpt.is_file():
             sr = quantize(load(ckpt).model(lr))
             panels.append((title, sr, psnr_y(sr, hr, scale)))
+    from matplotlib.patches import Rectangle
+
     h, w = hr.shape[-2:]
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels) * w / max(h, w) + 0.5, 3.2))
-    for ax, (title, img, psnr) in zip(axes, panels, strict=True):
+    rows = 2 if crop else 1
+    fig, axes = plt.subplots(rows, len(panels), squeeze=False,
+                             figsize=(2.6 * len(panels) * w / max(h, w) + 0.5, 3.2 + 2.6 * (rows - 1)))
+    for k, (title, img, psnr) in enumerate(panels):
+        ax = axes[0, k]
         ax.imshow(img[0].permute(1, 2, 0).numpy())
         ax.set_title(title + (f"\n{psnr:.2f} dB" if psnr is not None else "\n(PSNR on Y)"), fontsize=8)
         ax.axis("off")
+        if crop:
+            x, y, size = crop
+            ax.add_patch(Rectangle((x, y), size, size, fill=False, color="yellow", lw=1))
+            axes[1, k].imshow(img[0, :, y:y + size, x:x + size].permute(1, 2, 0).numpy(), interpolation="nearest")
+            axes[1, k].axis("off")
     fig.suptitle(f"Set14 '{image}', x{scale}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
@@ -59,8 +72,10 @@ def main() -> None:
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--out", default=str(ROOT / "results" / "sr_rrdbnet_set14.png"))
     p.add_argument("--image", default="comic")
+    p.add_argument("--crop", default="80,100,96", help="x,y,size of the zoomed square in HR pixels ('' for none)")
     args = p.parse_args()
-    print(make_picture(args.runs, args.data, args.out, args.image))
+    crop = tuple(int(v) for v in args.crop.split(",")) if args.crop else None
+    print(make_picture(args.runs, args.data, args.out, args.image, crop=crop))
 
 
 if __name__ == "__main__":

@@ -48,9 +48,9 @@ def disco(*args: str, threads: int | None) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def cached(path: Path, fn) -> dict:  # noqa: ANN001
-    """``fn()``'s result, stored in ``path`` so that a rerun skips it."""
-    if path.is_file():
+def cached(path: Path, fn, source: Path | None = None) -> dict:  # noqa: ANN001
+    """``fn()``'s result, stored in ``path`` so that a rerun skips it (unless ``source`` is newer)."""
+    if path.is_file() and (source is None or path.stat().st_mtime >= source.stat().st_mtime):
         return json.loads(path.read_text())
     res = fn()
     path.write_text(json.dumps(res))
@@ -89,9 +89,9 @@ def main() -> None:
               str(args.dense_epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--wd", "0",
               *lim, "--out", str(dense), threads=args.threads)
     dense_eval = cached(runs / "dense.json", lambda: disco("eval", str(dense), "--data", args.data, "--json",
-                                                           *lim, threads=args.threads))
+                                                           *lim, threads=args.threads), source=dense)
     dense_cost = cached(runs / "dense_cost.json", lambda: disco(
-        "cost", args.model, "--nodes", "2", "--input-shape", "1,3,24,24", "--json", threads=None))  # cost has no --threads
+        "cost", args.model, "--nodes", "2", "--input-shape", "1,3,24,24", "--json", threads=None))  # no --threads
 
     def one(spec: tuple) -> dict:
         name, nodes, ratio = spec

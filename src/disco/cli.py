@@ -31,8 +31,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = build_model(name, weights=args.weights, **kwargs)
     train, test = task.loaders(args.data, args.batch_size, limit=args.limit)
     out = Path(args.out)
-    hist = fit(model, train, task.loss, epochs=args.epochs, lr=args.lr, weight_decay=args.wd,
-               state_path=out.with_name(out.name + ".state.pt"),
+    lr = args.lr if args.lr is not None else getattr(task, "lr", 0.1)
+    wd = args.wd if args.wd is not None else getattr(task, "weight_decay", 5e-4)
+    hist = fit(model, train, task.loss, epochs=args.epochs, lr=lr, weight_decay=wd,
+               state_path=out.with_name(out.name + ".state.pt"), optimizer=getattr(task, "optimizer", "sgd"),
                on_epoch=(lambda e: task.evaluate(model, test)) if args.eval_every else None, desc="train")
     metrics = task.evaluate(model, test)
     save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=model.state_dict(),
@@ -53,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weights", help="local state-dict file to start from")
     t.add_argument("--data", required=True, help="dataset folder")
     t.add_argument("--epochs", type=int, default=30)
-    t.add_argument("--lr", type=float, default=0.1)
-    t.add_argument("--wd", type=float, default=5e-4)
+    t.add_argument("--lr", type=float, help="learning rate (default: the task's; 0.1 for cifar10)")
+    t.add_argument("--wd", type=float, help="weight decay (default: the task's; 5e-4 for cifar10)")
     t.add_argument("--batch-size", type=int, default=128)
     t.add_argument("--limit", type=int, help="use only the first LIMIT images of each split (smoke runs)")
     t.add_argument("--eval-every", action="store_true", help="evaluate after every epoch")

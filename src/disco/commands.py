@@ -171,6 +171,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--weights", help="local state-dict file for a bare architecture")
     c.add_argument("--bytes-per-value", type=int, default=4, help="4 = fp32 on the wire, 2 = fp16")
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--threads", type=int)
     c.set_defaults(func=cmd_cost)
 
     s = sub.add_parser("sparsify", help="fine-tune a dense checkpoint into a DISCO model at ratio r")
@@ -182,7 +183,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random"))
     s.add_argument("--epochs", type=int, default=10)
     s.add_argument("--prune-fraction", type=float, default=0.5, help="share of the run spent lowering r")
-    s.add_argument("--lr", type=float, default=0.02)
+    s.add_argument("--lr", type=float, help="fine-tuning learning rate (default: the task's; 0.02 for cifar10)")
     s.add_argument("--distill", type=float, default=0.0, help="weight of distillation from the dense model")
     s.add_argument("--batch-size", type=int, default=128)
     s.add_argument("--limit", type=int)

@@ -48,8 +48,10 @@ def fit(
     hook: StepHook | None = None,
     on_epoch: Callable[[int], dict[str, float]] | None = None,
     desc: str = "train",
+    optimizer: str = "sgd",
 ) -> list[dict[str, float]]:
-    """Train with SGD (momentum 0.9, Nesterov), cosine schedule with warmup.
+    """Train with SGD (momentum 0.9, Nesterov) or Adam (``optimizer="adam"``, betas 0.9/0.99),
+    cosine schedule with warmup.
 
     With ``state_path`` the run checkpoints after every epoch and continues from there
     when started again. ``teacher`` with ``distill_fn`` adds ``distill_weight * distill_fn``.
@@ -61,10 +63,13 @@ def fit(
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim > 1 else no_decay).append(p)
-    opt = torch.optim.SGD(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, momentum=0.9, nesterov=True,
-    )
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
+    elif optimizer == "adam":
+        opt = torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.99))
+    else:
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(total, int(warmup_epochs * steps_per_epoch)))
     history: list[dict[str, float]] = []
     start_epoch = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -212,7 +213,8 @@ class Partition:
         h = hashlib.sha256()
         h.update(f"{self.nodes}|{self.input_shape}".encode())
         for n in self.gm.graph.nodes:
-            h.update(f"{n.op}|{n.name}|{n.target}|{shape_of(n)}".encode())
+            target = re.sub(r" at 0x[0-9a-fA-F]+", "", str(n.target))  # e.g. torch.cat: no process address
+            h.update(f"{n.op}|{n.name}|{target}|{shape_of(n)}".encode())
         for ly in self.layers:
             h.update(ly.name.encode())
             h.update(ly.out_owner.tobytes())

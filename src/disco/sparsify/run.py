@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ class SparsifyConfig:
     selection: str = "magnitude"  # or "taylor", "random"
     epochs: int = 10
     prune_fraction: float = 0.5  # share of the run during which r goes down
-    lr: float = 0.02
-    weight_decay: float = 5e-4
+    lr: float | None = None  # None: the task's finetune_lr (0.02 for cifar10)
+    weight_decay: float | None = None  # None: the task's weight_decay (5e-4 for cifar10)
     batch_size: int = 128
     distill: float = 0.0  # weight of the distillation loss from the dense model
     every: int = 25  # steps between pruning updates
@@ -66,7 +66,11 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
     if cfg.epochs == 0:
         pruner(pruner.prune_steps, pruner.prune_steps)
     out = Path(out)
-    hist = fit(dm, train, task.loss, epochs=cfg.epochs, lr=cfg.lr, weight_decay=cfg.weight_decay,
+    lr = cfg.lr if cfg.lr is not None else getattr(task, "finetune_lr", 0.02)
+    wd = cfg.weight_decay if cfg.weight_decay is not None else getattr(task, "weight_decay", 5e-4)
+    cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
+    hist = fit(dm, train, task.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
+               optimizer=getattr(task, "optimizer", "sgd"),
                warmup_epochs=min(0.3, cfg.epochs), state_path=out.with_name(out.name + ".state.pt"),
                teacher=teacher, distill_fn=task.distill, distill_weight=cfg.distill, hook=pruner,
                desc=f"sparsify N={cfg.nodes} r={cfg.ratio}")
