@@ -17,18 +17,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def cifar10_resnet(entries: list[dict]) -> str:
     dense = next(e for e in entries if e["name"] == "dense")
-    rows = ["| run | N | budget | selection | r (achieved) | top-1 % | vs dense | KB moved / image | "
-            "FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 10]
+    rows = ["| run | N | budget | selection | epochs | r (achieved) | top-1 % | vs dense | KB moved / image | "
+            "FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 11]
     for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
         if e["name"] == "dense":
-            rows.append(f"| dense (one device) | 1 | - | - | 1 | {e['top1']:.2f} | - | - | 1.00 | 1.00 |")
+            rows.append(f"| dense (one device) | 1 | - | - | {e['epochs']} | 1 | {e['top1']:.2f} | - | - | 1.00 | 1.00 |")
             continue
         w = max(e["params_per_node"]) / e["params_dense"]
         rows.append(
-            f"| {e['name']} | {e['nodes']} | {e['budget']} | {e['selection']} | {e['ratio']:.3f} | {e['top1']:.2f} | "
-            f"{e['top1'] - dense['top1']:+.2f} | {e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f}) | "
-            f"{e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
+            f"| {e['name']} | {e['nodes']} | {e['budget']} | {e['selection']} | {e['epochs']} | {e['ratio']:.3f} | "
+            f"{e['top1']:.2f} | {e['top1'] - dense['top1']:+.2f} | {e['bytes'] / 1e3:.1f} (dense "
+            f"{e['dense_bytes'] / 1e3:.1f}) | {e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
     return "\n".join(rows)
+
+
+def pts_epochs(entries: list[dict]) -> int:
+    """The fine-tuning length of the main sweep (longer runs are shown as extra points)."""
+    return min(e["epochs"] for e in entries if e["nodes"] > 1)
 
 
 def plot_cifar10(entries: list[dict], path: Path) -> None:
@@ -41,13 +46,15 @@ def plot_cifar10(entries: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, marker in ((2, "o"), (4, "s")):
         pts = sorted((e["ratio"], e["top1"]) for e in entries
-                     if e["nodes"] == n and e["budget"] == "global" and e["selection"] in ("magnitude", "separated"))
+                     if e["nodes"] == n and e["budget"] == "global" and e["selection"] in ("magnitude", "separated")
+                     and e["epochs"] == pts_epochs(entries))
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
     for e in entries:
-        if e["name"].endswith(("_layer", "_random")):
-            ax.scatter([e["ratio"]], [e["top1"]], marker="x" if "random" in e["name"] else "^", s=60,
-                       label=f"N={e['nodes']} {e['name'].split('_')[-1]}", zorder=3)
+        if e["name"].endswith(("_layer", "_random")) or (e["nodes"] > 1 and e["epochs"] != pts_epochs(entries)):
+            what = e["name"].split("_")[-1] if e["name"].endswith(("_layer", "_random")) else f"{e['epochs']} epochs"
+            ax.scatter([e["ratio"]], [e["top1"]], marker={"random": "x", "layer": "^"}.get(what, "*"), s=60,
+                       label=f"N={e['nodes']} {what}", zorder=3)
     ax.axhline(dense["top1"], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
     ax.set_ylabel("CIFAR-10 top-1 (%)")
