@@ -21,7 +21,8 @@ def cifar10_resnet(entries: list[dict]) -> str:
             "FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 11]
     for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
         if e["name"] == "dense":
-            rows.append(f"| dense (one device) | 1 | - | - | {e['epochs']} | 1 | {e['top1']:.2f} | - | - | 1.00 | 1.00 |")
+            rows.append(f"| dense (one device) | 1 | - | - | {e['epochs']} | 1 | {e['top1']:.2f} | - | - "
+                        "| 1.00 | 1.00 |")
             continue
         w = max(e["params_per_node"]) / e["params_dense"]
         rows.append(
