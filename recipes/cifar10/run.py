@@ -34,6 +34,8 @@ RUNS = [
     ("n4_r0.2", 4, 0.2, "global", "magnitude"),
     # the next idea when r=0.2 misses the 1-point target: the same run with 3x the fine-tuning
     ("n2_r0.2_ft6", 2, 0.2, "global", "magnitude", 6),
+    # and when magnitude does not beat random links: first-order (Taylor) scores
+    ("n2_r0.1_taylor", 2, 0.1, "global", "taylor"),
 ]
 COMMITTED = {"dense": "cifar_resnet20_dense.safetensors", "n2_r0.2": "cifar_resnet20_n2_r0.2.safetensors"}
 
