@@ -52,9 +52,11 @@ def plot_cifar10(entries: list[dict], path: Path) -> None:
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
     for e in entries:
-        if e["name"].endswith(("_layer", "_random")) or (e["nodes"] > 1 and e["epochs"] != pts_epochs(entries)):
-            what = e["name"].split("_")[-1] if e["name"].endswith(("_layer", "_random")) else f"{e['epochs']} epochs"
-            ax.scatter([e["ratio"]], [e["top1"]], marker={"random": "x", "layer": "^"}.get(what, "*"), s=60,
+        variant = e["name"].endswith(("_layer", "_random", "_taylor"))
+        if variant or (e["nodes"] > 1 and e["epochs"] != pts_epochs(entries)):
+            what = e["name"].split("_")[-1] if variant else f"{e['epochs']} epochs"
+            ax.scatter([e["ratio"]], [e["top1"]], marker={"random": "x", "layer": "^", "taylor": "D"}.get(what, "*"),
+                       s=60,
                        label=f"N={e['nodes']} {what}", zorder=3)
     ax.axhline(dense["top1"], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
