@@ -32,6 +32,31 @@ def cifar10_resnet(entries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def cifar10_summary(entries: list[dict]) -> str:
+    """The issue's success checks, computed from the JSON."""
+    by = {e["name"]: e for e in entries}
+    d = by["dense"]["top1"]
+    lines = []
+    if {"n2_r0", "n2_r0.05"} <= by.keys():
+        sep, r05 = by["n2_r0"]["top1"], by["n2_r0.05"]["top1"]
+        lines.append(f"- N=2, r=0.05 recovers {(r05 - sep) / (d - sep):.0%} of the accuracy gap between separated "
+                     f"branches ({sep:.2f}) and dense ({d:.2f}).")
+    for name in ("n2_r0.2", "n2_r0.2_ft6"):
+        if name in by:
+            e = by[name]
+            lines.append(f"- N=2, r=0.2 with {e['epochs']} fine-tuning epochs: {e['top1'] - d:+.2f} points vs dense; "
+                         f"FLOPs {e['flops_total'] / e['flops_dense']:.2f}x, weights per node "
+                         f"{max(e['params_per_node']) / e['params_dense']:.2f}x of the whole model.")
+    if "n2_r0.1_random" in by:
+        rnd = by["n2_r0.1_random"]["top1"]
+        for name in ("n2_r0.1", "n2_r0.1_taylor", "n2_r0.1_layer"):
+            if name in by:
+                e = by[name]
+                lines.append(f"- N=2, r=0.1, {e['budget']} budget, {e['selection']} scores: {e['top1']:.2f} "
+                             f"({e['top1'] - rnd:+.2f} vs random links at the same r).")
+    return "\n".join(lines)
+
+
 def pts_epochs(entries: list[dict]) -> int:
     """The fine-tuning length of the main sweep (longer runs are shown as extra points)."""
     return min(e["epochs"] for e in entries if e["nodes"] > 1)
@@ -117,7 +142,12 @@ def plot_sr(entries: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-TABLES = {"cifar10_resnet": (cifar10_resnet, plot_cifar10), "sr_rrdbnet": (sr_rrdbnet, plot_sr)}
+# README marker -> (results JSON, table renderer, plot or None)
+TABLES = {
+    "cifar10_resnet": ("cifar10_resnet", cifar10_resnet, plot_cifar10),
+    "cifar10_summary": ("cifar10_resnet", cifar10_summary, None),
+    "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet, plot_sr),
+}
 
 
 def main() -> None:
@@ -127,12 +157,13 @@ def main() -> None:
     args = p.parse_args()
     results, readme = Path(args.results), Path(args.readme)
     text = readme.read_text()
-    for name, (table, plot) in TABLES.items():
-        src = results / f"{name}.json"
+    for name, (source, table, plot) in TABLES.items():
+        src = results / f"{source}.json"
         if not src.is_file():
             continue
         entries = json.loads(src.read_text())
-        plot(entries, results / f"{name}.png")
+        if plot is not None:
+            plot(entries, results / f"{source}.png")
         body = table(entries)
         pat = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
         text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
