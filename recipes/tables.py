@@ -142,11 +142,38 @@ def plot_sr(entries: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def latency_headline(data: dict | list) -> str:
+    """ResNet-50 and the CIFAR model at N=2 and N=4: latency per link, measured beside predicted."""
+    entries = data["entries"] if isinstance(data, dict) else data
+    rows = ["| model | N | link | mode | codec | r | measured ms | predicted ms | vs dense | weights / node (MB) |",
+            "|" + "---|" * 10]
+    keyf = lambda e: (e["model"], e["nodes"], e.get("shaping") or "", -(e.get("bandwidth_mbit") or 1e9),  # noqa: E731
+                      {"single": 0, "dense": 1, "disco": 2, "separated": 3}.get(e["mode"], 4), -(e["ratio"] or 0),
+                      e.get("codec") or "")
+    measured = [e for e in entries if e.get("latency_ms_median") is not None]
+    for e in sorted(measured, key=keyf):
+        dense = next((d for d in measured if d["mode"] == "dense" and d["model"] == e["model"]
+                      and d["nodes"] == e["nodes"] and d.get("bandwidth_mbit") == e.get("bandwidth_mbit")
+                      and d.get("shaping") == e.get("shaping") and d.get("codec") == "fp32"), None)
+        link = "-" if e["mode"] == "single" else (
+            f"{e['bandwidth_mbit']:g} Mbit/s {e['shaping']}" if e.get("bandwidth_mbit") else "loopback")
+        speed = "-"
+        if dense and e["mode"] != "single":
+            speed = f"{dense['latency_ms_median'] / e['latency_ms_median']:.2f}x"
+        pred = f"{e['predicted_ms']:.1f}" if e.get("predicted_ms") is not None else "-"
+        w = max(e.get("weight_bytes_per_node") or [0]) / 1e6
+        ratio = "-" if e.get("ratio") is None else f"{e['ratio']:.2f}"
+        rows.append(f"| {e['model']} | {e['nodes']} | {link} | {e['mode']} | {e.get('codec') or '-'} | {ratio} | "
+                    f"{e['latency_ms_median']:.1f} | {pred} | {speed} | {w:.2f} |")
+    return "\n".join(rows)
+
+
 # README marker -> (results JSON, table renderer, plot or None)
 TABLES = {
     "cifar10_resnet": ("cifar10_resnet", cifar10_resnet, plot_cifar10),
     "cifar10_summary": ("cifar10_resnet", cifar10_summary, None),
     "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet, plot_sr),
+    "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 
 
