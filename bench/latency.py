@@ -1,29 +1,39 @@
 """Latency benchmark: one process vs dense within-layer parallelism vs DISCO vs separated branches.
 
-    .venv/bin/python bench/latency.py --quick          # cifar_resnet8, N=2, a few settings (minutes)
-    .venv/bin/python bench/latency.py                  # the full sweep of issue 3 (resnet50 too: hours on 2 cores)
+    .venv/bin/python bench/latency.py --quick                     # cifar_resnet8, N=2, a few settings
+    .venv/bin/python bench/latency.py --budget-minutes 30         # the sweep of issue 3 (resumable)
+    .venv/bin/python bench/latency.py --report                    # README table + plot from the JSON only
 
-Writes results/latency.json (one entry per measurement), results/latency.png (latency against
-bandwidth) and the table in bench/README.md, generated from the JSON.
+Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
+skips the entries already there), results/latency.png (latency against bandwidth) and the
+table in bench/README.md, generated from the JSON.
 
-Link model (shared with the runtime's pacing, see disco.runtime.transport): each node's
-interface is limited to the bandwidth, full duplex, all nodes behind one switch, a fixed
-one-way latency per message. The latency model below predicts, without overlap:
+Link model (the runtime's pacing implements the same one, see disco.runtime.transport):
+each node's interface is limited to the bandwidth, full duplex, all nodes behind one
+non-blocking switch. The latency model (disco.runtime.latency) replays each node's
+program, measured alone at zero communication cost, against that link model, with a
+per-message delivery delay a + b*S fitted on a gloo ping-pong and N node processes sharing
+the host's cores; it predicts with overlap (as the executor runs) and without.
 
-    compute:  t_single * max_j FLOPs_j / FLOPs_dense          (per-node share of the measured 1-process time)
-    per exchange (one base tensor): max over nodes of (bytes it sends, bytes it receives) * 8 / bw + latency
-    input distribution and output gather: the same rule
-Kept sets are random links at the byte budget r (accuracy is not the point of this benchmark).
+Kernel shaping ("tc" entries): N=2, each node in its own network namespace joined by a veth
+pair, a tbf qdisc at the bandwidth on each end, no pacing. Its prediction uses the same
+model at the TCP goodput of the link (1448 payload bytes per 1514-byte frame).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,56 +41,114 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from disco.cost import estimate  # noqa: E402
-from disco.graph import partition  # noqa: E402
-from disco.masks import DiscoModel  # noqa: E402
-from disco.models import build_model  # noqa: E402
-from disco.runtime.export import export  # noqa: E402
-from disco.runtime.launch import launch  # noqa: E402
-from disco.runtime.transport import get_codec  # noqa: E402
+from disco.runtime import latency as lat  # noqa: E402
+from disco.runtime.launch import LaunchError, free_port, launch  # noqa: E402
+from disco.runtime.transport import LinkModel  # noqa: E402
+
+RATIOS = [1.0, 0.2, 0.1, 0.05, 0.0]
+CODECS = ["fp32", "fp16"]
+BANDWIDTHS: list[float | None] = [10, 100, 1000, None]
+SHAPES = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32), "cifar_resnet8": (1, 3, 32, 32)}
+LOAD_S = 0.002  # seconds of compute between messages in the loaded ping-pong calibration
+TCP_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps on)
+EXPORTS = Path(tempfile.gettempdir()) / "disco-bench-exports"
+NOTES = [
+    "kept links: one-shot global magnitude selection on random-init weights (latency does not depend on the "
+    "weight values); trained CIFAR checkpoints runs/cifar10/n{N}_r{r}.safetensors are used where they exist",
+    "all node processes of a run share this host's cores (1 torch thread each): at N=4 on 2 cores at most two "
+    "nodes compute at a time; the latency model shares the cores the same way (processor sharing)",
+    "compute per node is measured (per node, alone, 1 thread, zero communication cost) in the benchmark "
+    "process right before the runs; the per-message delay is fitted on a gloo ping-pong at the start",
+    "'tc' entries: N=2, one network namespace per node, veth pair shaped by tbf on both ends, no pacing",
+]
+TRACES: dict[str, list] = {}  # "model|N|r|codec" -> per-node programs (kept beside the exports)
 
 
-def kept_at(part, r: float, seed: int = 0) -> np.ndarray:  # noqa: ANN001
-    """Random links whose values add up to at most r of the dense ones."""
-    if r >= 1:
-        return part.all_links()
-    kept = part.no_links()
-    budget = r * part.dense_values()
-    total = 0
-    for i in np.random.default_rng(seed).permutation(part.n_links):
-        v = part.links.values[i]
-        if total + v <= budget:
-            kept[i] = True
-            total += v
-    return kept
+def delays(meta: dict[str, Any]) -> dict[str, lat.Delay]:
+    """Per shaping: the fitted per-message delay (``meta.delay_model``: ping-pong on idle cores, or
+    'loaded': both ends computing between messages, as the executor does); the paced one goes
+    through the pacing thread."""
+    suffix = "_loaded" if meta.get("delay_model", "loaded") == "loaded" else ""
+    d = meta.get("delay" + suffix, meta["delay"])
+    p = meta.get("delay" + suffix + "_paced", d)
+    d, p = lat.Delay(d["a_s"], d["b_s_per_byte"]), lat.Delay(p["a_s"], p["b_s_per_byte"])
+    return {"none": d, "tc": d, "pacing": p}
 
 
-def predict_ms(part, kept, t_single_ms: float, bw_bps: float | None, lat_s: float, bpv: int) -> float:  # noqa: ANN001
-    rep = estimate(part, kept)
-    n = part.nodes
-    compute = t_single_ms * max(rep.flops_per_node) / max(1, rep.flops_dense)
-    if bw_bps is None and lat_s == 0:
-        return compute
-    L = part.links
-    comm = 0.0
-    for t_idx, t_name in enumerate(part.link_tensors):
-        sel = kept & (L.tensor == t_idx)
-        if not sel.any():
+def load_traces() -> None:
+    f = EXPORTS / "traces.json"
+    if f.is_file():
+        TRACES.update({k: [[tuple(s) for s in p] for p in v] for k, v in json.loads(f.read_text()).items()})
+
+
+def save_traces() -> None:
+    EXPORTS.mkdir(parents=True, exist_ok=True)
+    (EXPORTS / "traces.json").write_text(json.dumps(TRACES))
+
+
+def foreign_jobs() -> list[str]:
+    """Other CPU-heavy project jobs on this host (training, sparsification, recipes, tests)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
-        src = part.owner[t_name][L.channel[sel]]
-        vals = L.values[sel] * bpv
-        up = np.bincount(src, weights=vals, minlength=n)
-        down = np.bincount(L.receiver[sel], weights=vals, minlength=n)
-        comm += (max(up.max(), down.max()) * 8 / bw_bps if bw_bps else 0) + lat_s
-    io = rep.input_bytes * 1.0  # leader uplink
-    comm += (io * 8 / bw_bps if bw_bps else 0) + lat_s
-    comm += (rep.output_bytes * 8 / bw_bps if bw_bps else 0) + lat_s
-    return compute + comm * 1e3
+        try:
+            args = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(args) < 2 or "python" not in Path(args[0]).name:
+            continue
+        head = args[1:3]
+        if ("-m" in head and ("disco.cli" in head or "pytest" in head)) or args[1].endswith(("/bin/disco", "pytest")) \
+                or (args[1].startswith("recipes/") or "/recipes/" in args[1]):
+            found.append(f"{d.name}: {' '.join(args[:6])[:120]}")
+    return found
 
 
-def single_ms(model, x, iters: int) -> float:  # noqa: ANN001
+def host_state() -> dict[str, Any]:
+    """Load average and other project jobs running beside the benchmark."""
+    return {"loadavg_1min": round(os.getloadavg()[0], 2), "other_jobs": len(foreign_jobs())}
+
+
+def wait_idle(deadline: float) -> None:
+    """Wait (until ``deadline``) while other project jobs use the CPU."""
+    said = False
+    while time.monotonic() < deadline:
+        jobs = foreign_jobs()
+        if not jobs:
+            return
+        if not said:
+            print(f"waiting for other jobs to finish: {jobs}", flush=True)
+            said = True
+        time.sleep(10)
+
+
+def mode_of(r: float | None, n: int) -> str:
+    if n == 1:
+        return "dense"
+    return "dense" if r >= 1 else "separated" if r == 0 else "disco"
+
+
+def key_of(e: dict[str, Any]) -> tuple:
+    return (e["model"], e["mode"], e["nodes"], e.get("ratio_target"), e.get("codec"), e.get("bandwidth_mbit"),
+            e.get("shaping"))
+
+
+# ---- plain PyTorch, one process -----------------------------------------------------------------
+
+def single_main(name: str) -> None:
+    """Child process: the whole model in plain PyTorch, 1 thread; prints one JSON line."""
+    from disco.models import build_model
+
     torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(name)
+    x = torch.randn(SHAPES[name])
     with torch.no_grad():
+        t0 = time.perf_counter()
+        model(x)
+        first = time.perf_counter() - t0
+        iters = 3 if first > 10 else 20
         for _ in range(2):
             model(x)
         ts = []
@@ -88,89 +156,570 @@ def single_ms(model, x, iters: int) -> float:  # noqa: ANN001
             t0 = time.perf_counter()
             model(x)
             ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"latency_ms_median": float(np.median(ts) * 1e3), "n_timed": iters,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "weight_bytes": n_params * 4, "params": n_params}))
 
 
-def run(models, nodes_list, ratios, codecs, bandwidths, iters, warmup, out_json, quick) -> list[dict]:  # noqa: ANN001
-    entries: list[dict] = []
-    for name, shape in models:
+def run_single(name: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--single", name], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- exports: one-shot magnitude selection (or a trained checkpoint) ----------------------------
+
+class Prepared:
+    """Per (model, N): partition, the kept set at each r, the export dirs and the latency traces."""
+
+    def __init__(self, name: str, n: int) -> None:
+        from disco.graph import partition
+        from disco.masks import DiscoModel
+        from disco.models import build_model
+        from disco.sparsify import magnitude_scores
+
+        self.name, self.n = name, n
         torch.manual_seed(0)
-        model = build_model(name)
-        x = torch.randn(shape)
-        t1 = single_ms(model, x, iters)
-        n_params = sum(p.numel() for p in model.parameters())
-        import resource
+        self.model = build_model(name)
+        self.x = torch.randn(SHAPES[name])
+        self.part = partition(self.model, self.x, n)
+        self.dm = DiscoModel(self.model, self.part) if n > 1 else None
+        self.scores = magnitude_scores(self.dm) if n > 1 else None
+        self.dirs: dict[float, Path] = {}
+        self.kept: dict[float, np.ndarray] = {}
+        self.source: dict[float, str] = {}
+        self.traces: dict[tuple, list] = {}
 
-        entries.append({"model": name, "input_shape": list(shape), "mode": "single", "nodes": 1, "ratio": None,
-                        "codec": None, "bandwidth_mbit": None, "shaping": None, "latency_ms_median": t1,
-                        "predicted_ms": t1, "bytes_sent_total": 0,
-                        "peak_rss_mb_per_node": [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024],
-                        "weight_bytes_per_node": [n_params * 4], "max_rel_err_vs_single_process": 0.0})
-        print(json.dumps(entries[-1]), flush=True)
-        for n in nodes_list:
-            part = partition(model, x, n)
-            for r in ratios:
-                kept = kept_at(part, r)
-                mode = "dense" if r >= 1 else "separated" if r == 0 else "disco"
-                dm = DiscoModel(model, part, kept)
-                with tempfile.TemporaryDirectory() as d:
-                    export(dm, part, kept, d, {"name": name, "kwargs": {}}, probe=x)
-                    for codec in codecs:
-                        for bw in bandwidths:
-                            opts = ["--codec", codec, "--iters", str(iters), "--warmup", str(warmup), "--timeout",
-                                    "60"]
-                            if bw is not None:
-                                opts += ["--bandwidth", f"{bw}mbit"]
-                            rep = launch(d, n, opts, timeout=3600)
-                            bpv = get_codec(codec).bytes_per_value
-                            e = {"model": name, "input_shape": list(shape), "mode": mode, "nodes": n,
-                                 "ratio": round(part.ratio(kept), 4), "codec": codec, "bandwidth_mbit": bw,
-                                 "shaping": "pacing" if bw is not None else None,
-                                 "latency_ms_median": rep["latency_ms_median"],
-                                 "predicted_ms": predict_ms(part, kept, t1, None if bw is None else bw * 1e6, 0.0, bpv),
-                                 "bytes_sent_total": rep["bytes_sent_total"], "bytes_predicted": rep["bytes_predicted"],
-                                 "peak_rss_mb_per_node": rep["peak_rss_mb_per_node"],
-                                 "weight_bytes_per_node": rep["weight_bytes_per_node"],
-                                 "weight_fraction_max": max(rep["params_per_node"]) / rep["params_dense"],
-                                 "max_rel_err_vs_single_process": rep["max_rel_err_vs_single_process"],
-                                 "iters": iters}
-                            entries.append(e)
-                            print(json.dumps(e), flush=True)
-                dm = None
-                from torch.nn.utils import parametrize
+    def kept_at(self, r: float) -> np.ndarray:
+        from disco.sparsify import select_links
 
-                for ly in part.layers:  # unwrap the masks before the next kept set
-                    parametrize.remove_parametrizations(model.get_submodule(ly.name), "weight",
-                                                        leave_parametrized=False)
-    meta = {"quick": quick, "link_model": "per-node interface limited to the bandwidth, full duplex, one switch; "
-            "pacing emulation (no tc)", "threads_per_node": 1, "host_cpus": __import__("os").cpu_count(),
-            "note": "2-core host shared with a training job: N processes share 2 cores, so compute does not "
-                    "parallelise here; resnet50 and tc shaping not run" if quick else ""}
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps({"meta": meta, "entries": entries}, indent=1))
-    return entries
+        if r not in self.kept:
+            if self.n == 1 or r >= 1:
+                self.kept[r] = self.part.all_links()
+            else:
+                self.kept[r] = select_links(self.part, self.scores, r, "global")
+        return self.kept[r]
+
+    def export_dir(self, r: float) -> Path:
+        from disco.runtime.export import export, export_checkpoint
+
+        if r in self.dirs:
+            return self.dirs[r]
+        d = EXPORTS / f"{self.name}_n{self.n}_r{r:g}"
+        ckpt = ROOT / "runs" / "cifar10" / f"n{self.n}_r{r:g}.safetensors"
+        if self.name == "cifar_resnet20" and self.n > 1 and 0 < r < 1 and ckpt.is_file():
+            if not (d / "manifest.json").is_file():
+                shutil.rmtree(d, ignore_errors=True)
+                export_checkpoint(ckpt, d)
+            man = json.loads((d / "manifest.json").read_text())
+            from disco.checkpoint import unpack_bits
+
+            self.kept[r] = unpack_bits(man["kept"], man["n_links"])
+            self.source[r] = f"trained checkpoint {ckpt.relative_to(ROOT)}"
+        else:
+            kept = self.kept_at(r)
+            if not (d / "manifest.json").is_file():
+                shutil.rmtree(d, ignore_errors=True)
+                if self.dm is not None:
+                    self.dm.set_kept(kept)
+                export(self.dm if self.dm is not None else self.model, self.part, kept, d,
+                       {"name": self.name, "kwargs": {}}, probe=self.x)
+            self.source[r] = "random init, one-shot global magnitude selection"
+        self.dirs[r] = d
+        return d
+
+    def trace(self, r: float, codec: str) -> list:
+        k = (r, codec)
+        tkey = f"{self.name}|{self.n}|{r:g}|{codec}"
+        if k not in self.traces and tkey in TRACES:
+            self.export_dir(r)
+            self.traces[k] = TRACES[tkey]
+        if k not in self.traces:
+            self.export_dir(r)  # fixes the kept set (a trained checkpoint's, where there is one)
+            torch.set_num_threads(1)
+            reps = 5 if self.name == "resnet50" else 15
+            self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=2)
+            TRACES[tkey] = self.traces[k]
+            save_traces()
+        return self.traces[k]
+
+    def ratio(self, r: float) -> float | None:
+        return None if self.n == 1 else round(float(self.part.ratio(self.kept_at(r))), 4)
+
+
+# ---- kernel shaping: network namespaces + tc ----------------------------------------------------
+
+NS = ["disco_bench0", "disco_bench1"]
+VETH = ["dbv0", "dbv1"]
+
+
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check)
+
+
+def netns_cleanup() -> None:
+    for ns in NS:
+        _sh("ip", "netns", "del", ns, check=False)
+    _sh("ip", "link", "del", VETH[0], check=False)
+
+
+def netns_setup(bw_mbit: float) -> None:
+    netns_cleanup()
+    for ns in NS:
+        _sh("ip", "netns", "add", ns)
+    _sh("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
+    rate_bytes = bw_mbit * 1e6 / 8
+    burst = int(max(16 * 1024, rate_bytes / 1000))  # 1 ms of traffic, at least a few frames
+    for r in (0, 1):
+        ns, dev = NS[r], VETH[r]
+        _sh("ip", "link", "set", dev, "netns", ns)
+        _sh("ip", "-n", ns, "addr", "add", f"10.77.0.{r + 1}/24", "dev", dev)
+        _sh("ip", "-n", ns, "link", "set", dev, "up")
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0", check=False)
+        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{bw_mbit:g}mbit",
+            "burst", str(burst), "latency", "2s")
+
+
+def netns_check() -> str | None:
+    """None when namespaces and tc work here, else why not."""
+    if os.geteuid() != 0:
+        return "not root: network namespaces and tc need CAP_NET_ADMIN"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) is not installed"
+    try:
+        netns_setup(100)
+    except subprocess.CalledProcessError as e:
+        return f"{' '.join(e.cmd)} failed: {e.stderr.strip()}"
+    finally:
+        netns_cleanup()
+    return None
+
+
+def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float) -> dict[str, Any]:
+    """N=2, node r in namespace NS[r], the veth shaped by tbf; the leader's report."""
+    port = free_port()
+    procs = []
+    try:
+        netns_setup(bw_mbit)
+        with tempfile.TemporaryDirectory(prefix="disco-tc-") as tmp:
+            res = Path(tmp) / "result.json"
+            errs = []
+            for r in (0, 1):
+                cmd = ["ip", "netns", "exec", NS[r], "env", f"GLOO_SOCKET_IFNAME={VETH[r]}", "OMP_NUM_THREADS=1",
+                       sys.executable, "-m", "disco.runtime.node", str(d), "--rank", str(r), "--world-size", "2",
+                       "--master-addr", "10.77.0.1", "--master-port", str(port), *opts]
+                if r == 0:
+                    cmd += ["--result", str(res)]
+                errs.append(open(Path(tmp) / f"err{r}.txt", "w+"))  # noqa: SIM115
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errs[-1]))
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            codes = [p.poll() for p in procs]
+            if any(c != 0 for c in codes):
+                text = []
+                for e in errs:
+                    e.seek(0)
+                    text.append(e.read()[-600:])
+                raise LaunchError(f"tc run failed, exit codes {codes}: {' | '.join(text)}", codes, text)
+            for e in errs:
+                e.close()
+            return json.loads(res.read_text())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        netns_cleanup()
+
+
+# ---- the sweep ----------------------------------------------------------------------------------
+
+def job_list(models: list[str], quick: bool) -> list[dict[str, Any]]:
+    """Every measurement, most informative first (a budget cuts from the end)."""
+    if quick:
+        jobs = [dict(model="cifar_resnet8", nodes=1, r=1.0, codec="fp32", bw=None, shaping=None)]
+        for r in (1.0, 0.2, 0.0):
+            for bw in (100, None):
+                jobs.append(dict(model="cifar_resnet8", nodes=2, r=r, codec="fp32", bw=bw,
+                                 shaping="pacing" if bw else None))
+        jobs.append(dict(model="cifar_resnet8", nodes=2, r=1.0, codec="fp32", bw=100, shaping="tc"))
+        return jobs
+    jobs: list[dict[str, Any]] = []
+
+    def add(model: str, n: int, r: float, codec: str, bw: float | None, shaping: str | None = "pacing") -> None:
+        j = dict(model=model, nodes=n, r=r, codec=codec, bw=bw, shaping=shaping if bw is not None else None)
+        if model and j not in jobs:
+            jobs.append(j)
+
+    big, small = models[0], models[1] if len(models) > 1 else ""
+    add(big, 1, 1.0, "fp32", None)
+    for codec in CODECS:  # headline: r=0.2 vs dense at 100 Mbit/s
+        for r in (1.0, 0.2):
+            add(big, 2, r, codec, 100)
+    for r in RATIOS:
+        add(big, 2, r, "fp32", None)
+    add(small, 1, 1.0, "fp32", None)
+    for r in RATIOS:
+        for bw in (100, None):
+            add(small, 2, r, "fp32", bw)
+    for r in (0.1, 0.05, 0.0):
+        for codec in CODECS:
+            add(big, 2, r, codec, 100)
+    add(big, 2, 1.0, "fp32", 100, "tc")
+    add(big, 2, 0.2, "fp32", 100, "tc")
+    for codec in CODECS:
+        for r in (1.0, 0.1):
+            add(big, 4, r, codec, 100)
+    for r in (1.0, 0.2):
+        add(big, 2, r, "fp32", 1000)
+        add(big, 2, r, "fp32", 10)
+    add(big, 2, 0.2, "fp16", 10)
+    add(big, 2, 0.2, "fp16", 1000)
+    add(small, 2, 1.0, "fp32", 100, "tc")
+    add(small, 2, 0.2, "fp32", 100, "tc")
+    for r in (1.0, 0.1):
+        add(small, 4, r, "fp32", 100)
+        add(small, 4, r, "fp32", None)
+    add(big, 2, 0.2, "fp32", 1000, "tc")
+    add(big, 2, 1.0, "fp32", 1000, "tc")
+    add(big, 2, 0.2, "fp32", 10, "tc")
+    for r in (1.0, 0.1, 0.2, 0.05, 0.0):
+        add(big, 4, r, "fp32", None)
+        add(big, 4, r, "fp32", 1000)
+    for r in RATIOS:
+        add(big, 2, r, "fp16", None)
+        add(big, 2, r, "fp16", 1000)
+    for model in (small, big):
+        for n in (2, 4):
+            for r in RATIOS:
+                for codec in CODECS:
+                    for bw in BANDWIDTHS:
+                        add(model, n, r, codec, bw)
+    return jobs
+
+
+class Sweep:
+    def __init__(self, out: Path, budget_s: float, quick: bool, fresh: bool, tc: bool) -> None:
+        self.out, self.quick, self.fresh = out, quick, fresh
+        self.t_start = time.monotonic()
+        self.deadline = self.t_start + budget_s
+        self.data = json.loads(out.read_text()) if out.is_file() and not fresh else {"meta": {}, "entries": []}
+        self.prepared: dict[tuple[str, int], Prepared] = {}
+        self.startup_s: dict[str, list[float]] = {}
+        self.cores = os.cpu_count() or 1
+        self.tc_error = netns_check() if tc else "not requested (--no-tc)"
+        if fresh:
+            shutil.rmtree(EXPORTS, ignore_errors=True)
+        load_traces()
+
+    # persistence
+    def save(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.out)
+
+    def have(self, k: tuple, measured: bool = True) -> bool:
+        return any(key_of(e) == k and (not measured or e.get("latency_ms_median") is not None)
+                   for e in self.data["entries"])
+
+    def put(self, e: dict[str, Any]) -> None:
+        self.data["entries"] = [x for x in self.data["entries"] if key_of(x) != key_of(e)]
+        self.data["entries"].append(e)
+        self.save()
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def prep(self, name: str, n: int) -> Prepared:
+        if (name, n) not in self.prepared:
+            self.prepared[(name, n)] = Prepared(name, n)
+        return self.prepared[(name, n)]
+
+    # calibration
+    def calibrate(self) -> dict[str, lat.Delay]:
+        meta = self.data["meta"]
+        if "delay_loaded_paced" not in meta:
+            wait_idle(self.deadline)
+            meta["delay"] = lat.calibrate_delay()[1]
+            meta["delay_paced"] = lat.calibrate_delay(paced=True)[1]
+            meta["delay_loaded"] = lat.calibrate_delay(load_s=LOAD_S)[1]
+            meta["delay_loaded_paced"] = lat.calibrate_delay(paced=True, load_s=LOAD_S)[1]
+            meta.setdefault("delay_model", "loaded")
+            meta["calibrated_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            self.save()
+        return delays(meta)
+
+    def single(self, name: str) -> None:
+        k = (name, "single", 1, None, None, None, None)
+        if self.have(k):
+            return
+        wait_idle(self.deadline)
+        s = run_single(name)
+        e = {"model": name, "input_shape": list(SHAPES[name]), "mode": "single", "nodes": 1, "ratio": None,
+             "ratio_target": None, "codec": None, "bandwidth_mbit": None, "shaping": None,
+             "latency_ms_median": s["latency_ms_median"], "predicted_ms": None, "bytes_sent_total": 0,
+             "peak_rss_mb_per_node": [s["peak_rss_mb"]], "weight_bytes_per_node": [s["weight_bytes"]],
+             "params_per_node": [s["params"]], "n_timed": s["n_timed"], "runtime": "plain PyTorch, 1 thread"}
+        self.put(e)
+        print(f"{name:15s} single        N=1  measured {e['latency_ms_median']:9.2f} ms", flush=True)
+
+    def predict(self, job: dict[str, Any], delay: dict[str, lat.Delay]) -> dict[str, Any]:
+        p = self.prep(job["model"], job["nodes"])
+        progs = p.trace(job["r"], job["codec"])
+        bw = None if job["bw"] is None else job["bw"] * 1e6
+        if bw is not None and job["shaping"] == "tc":
+            bw *= TCP_GOODPUT
+        o = self.data["meta"].get("msg_overhead_s", 0.0) if job["bw"] is None and job["nodes"] > 1 else 0.0
+        return lat.predict(progs, LinkModel(bw), self.cores, delay[job["shaping"] or "none"], o)
+
+    def entry(self, job: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
+        p = self.prep(job["model"], job["nodes"])
+        return {"model": job["model"], "input_shape": list(SHAPES[job["model"]]),
+                "mode": mode_of(job["r"], job["nodes"]), "nodes": job["nodes"], "ratio": p.ratio(job["r"]),
+                "ratio_target": None if job["nodes"] == 1 else job["r"], "codec": job["codec"],
+                "bandwidth_mbit": job["bw"], "shaping": job["shaping"], "weights": p.source.get(job["r"]),
+                "predicted_ms": round(pred["predicted_ms"], 3),
+                "predicted_ms_no_overlap": round(pred["predicted_ms_no_overlap"], 3),
+                "compute_ms_per_node": [round(c, 3) for c in pred["compute_ms_per_node"]],
+                "messages": pred["messages"]}
+
+    def run_job(self, job: dict[str, Any], delay: dict[str, lat.Delay]) -> None:
+        k = (job["model"], mode_of(job["r"], job["nodes"]), job["nodes"],
+             None if job["nodes"] == 1 else job["r"], job["codec"], job["bw"], job["shaping"])
+        if self.have(k):
+            return
+        if job["shaping"] == "tc" and self.tc_error:
+            return
+        wait_idle(self.deadline)
+        pred = self.predict(job, delay)
+        pms = pred["predicted_ms"]
+        long = pms > 10_000
+        iters, warmup = (3, 1) if long else (20, 1 if pms > 1000 else 3)
+        startup = float(np.median(self.startup_s.get(job["model"], [15.0 if job["model"] == "resnet50" else 5.0])))
+        est = startup + (iters + warmup) * pms / 1e3 * 1.3 + 5
+        if est > self.left() - 60:  # keep a minute for the predicted-only entries and the outputs
+            print(f"skip (budget): {k} needs ~{est:.0f} s, {self.left():.0f} s left", flush=True)
+            return
+        d = self.prep(job["model"], job["nodes"]).export_dir(job["r"])
+        wait_idle(self.deadline)
+        opts = ["--codec", job["codec"], "--iters", str(iters), "--warmup", str(warmup), "--timeout", "120",
+                "--startup-timeout", "60", "--threads", "1"]
+        t0 = time.monotonic()
+        try:
+            if job["shaping"] == "tc":
+                rep = launch_tc(d, job["bw"], opts, timeout=est * 3 + 120)
+            else:
+                if job["bw"] is not None:
+                    opts += ["--bandwidth", f"{job['bw']:g}mbit"]
+                rep = launch(d, job["nodes"], opts, timeout=est * 3 + 120)
+        except (LaunchError, subprocess.CalledProcessError, OSError) as ex:
+            print(f"FAILED {k}: {ex}", flush=True)
+            e = self.entry(job, pred)
+            e.update(latency_ms_median=None, error=str(ex)[:500])
+            self.put(e)
+            return
+        wall = time.monotonic() - t0
+        run_s = sum(rep["latency_ms_all"]) / 1e3 * (iters + warmup) / iters
+        self.startup_s.setdefault(job["model"], []).append(max(1.0, wall - run_s))
+        e = self.entry(job, pred)
+        ms = rep["latency_ms_all"]
+        e.update({"latency_ms_median": rep["latency_ms_median"], "latency_ms_p10": float(np.percentile(ms, 10)),
+                  "latency_ms_p90": float(np.percentile(ms, 90)), "n_timed": iters, "warmup": warmup,
+                  "measured_over_predicted": round(rep["latency_ms_median"] / pms, 3),
+                  "bytes_sent_total": rep["bytes_sent_total"], "bytes_predicted": rep["bytes_predicted"],
+                  "bytes_input_output": rep["bytes_input_output"],
+                  "peak_rss_mb_per_node": rep["peak_rss_mb_per_node"],
+                  "weight_bytes_per_node": rep["weight_bytes_per_node"], "params_per_node": rep["params_per_node"],
+                  "params_dense": rep["params_dense"],
+                  "weight_fraction_max": round(max(rep["params_per_node"]) / rep["params_dense"], 4),
+                  "messages_measured": rep["messages_per_inference"],
+                  "max_rel_err_vs_single_process": rep["max_rel_err_vs_single_process"],
+                  "wall_s": round(wall, 1), **host_state()})
+        self.put(e)
+        if job["bw"] is None and job["nodes"] == 2 and job["r"] >= 1 and job["codec"] == "fp32" \
+                and "msg_overhead_s" not in self.data["meta"]:
+            calibrate_overhead(self.data, delay, self.cores)  # later unshaped predictions include it
+            self.save()
+        bw = "loopback" if job["bw"] is None else f"{job['bw']:g} Mbit/s"
+        print(f"{job['model']:15s} {e['mode']:9s} N={job['nodes']} r={job['r']:<5g} {job['codec']} {bw:12s} "
+              f"{job['shaping'] or '':6s} measured {e['latency_ms_median']:9.2f} ms  predicted {pms:9.2f} ms "
+              f"(no overlap {pred['predicted_ms_no_overlap']:9.2f})  x{e['measured_over_predicted']:.2f}  "
+              f"[{wall:.0f} s, {self.left():.0f} s left]", flush=True)
+
+    def predicted_only(self, jobs: list[dict[str, Any]], delay: dict[str, lat.Delay]) -> None:
+        for job in jobs:
+            if job["shaping"] == "tc" and self.tc_error:
+                continue
+            k = (job["model"], mode_of(job["r"], job["nodes"]), job["nodes"],
+                 None if job["nodes"] == 1 else job["r"], job["codec"], job["bw"], job["shaping"])
+            if self.have(k, measured=False):
+                continue
+            if self.left() < 20:
+                print("no time left for more predicted-only entries", flush=True)
+                return
+            try:
+                pred = self.predict(job, delay)
+            except Exception as ex:  # noqa: BLE001
+                print(f"cannot predict {k}: {ex}", flush=True)
+                continue
+            e = self.entry(job, pred)
+            from disco.cost import estimate
+
+            p = self.prep(job["model"], job["nodes"])
+            rep = estimate(p.part, p.kept_at(job["r"]))
+            bpv = 2 if job["codec"] == "fp16" else 4
+            e.update(latency_ms_median=None, predicted_only=True, bytes_sent_total=None,
+                     bytes_predicted=rep.bytes // 4 * bpv, peak_rss_mb_per_node=None,
+                     weight_bytes_per_node=[4 * x for x in rep.params_per_node],
+                     params_dense=rep.params_dense,
+                     weight_fraction_max=round(max(rep.params_per_node) / rep.params_dense, 4))
+            self.put(e)
+
+    def run(self, jobs: list[dict[str, Any]], models: list[str]) -> None:
+        meta = self.data["meta"]
+        meta.update({
+            "link_model": "each node's interface limited to the bandwidth, full duplex, all nodes behind one "
+                          "non-blocking switch (disco.runtime.transport.LinkModel; pacing emulates it on loopback, "
+                          "'tc' entries shape a veth pair between two network namespaces with tbf instead)",
+            "latency_model": lat.__doc__.strip(),
+            "host_cpus": self.cores, "threads_per_node": 1, "torch": torch.__version__,
+            "tc": "ok" if self.tc_error is None else f"not run: {self.tc_error}",
+            "tcp_goodput_factor_for_tc": TCP_GOODPUT, "quick": self.quick,
+            "notes": NOTES,
+            "iterations": "median of 20 timed inferences after 3 warm-up (1 warm-up above 1 s), 3 timed above "
+                          "10 s predicted",
+        })
+        self.save()
+        delay = self.calibrate()
+        for name in models:
+            self.single(name)
+        for job in jobs:
+            if self.left() < 90:
+                print("budget spent", flush=True)
+                break
+            self.run_job(job, delay)
+        self.predicted_only(jobs, delay)
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+
+def _f(x: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def headlines(entries: list[dict[str, Any]], big: str = "resnet50") -> list[str]:
+    def get(**kw: Any) -> dict[str, Any] | None:
+        for e in entries:
+            if all(e.get(k) == v for k, v in kw.items()) and e.get("latency_ms_median") is not None:
+                return e
+        return None
+
+    out = []
+    for codec in CODECS:
+        d = get(model=big, mode="dense", nodes=2, codec=codec, bandwidth_mbit=100, shaping="pacing")
+        s = get(model=big, mode="disco", nodes=2, ratio_target=0.2, codec=codec, bandwidth_mbit=100,
+                shaping="pacing")
+        if d and s:
+            out.append(f"- {big}, N=2, 100 Mbit/s, {codec} on the wire: DISCO r=0.2 "
+                       f"{s['latency_ms_median']:.0f} ms vs dense {d['latency_ms_median']:.0f} ms: "
+                       f"**{d['latency_ms_median'] / s['latency_ms_median']:.2f}x faster** (model predicts "
+                       f"{d['predicted_ms'] / s['predicted_ms']:.2f}x)")
+    d32 = get(model=big, mode="dense", nodes=2, codec="fp32", bandwidth_mbit=100, shaping="pacing")
+    s16 = get(model=big, mode="disco", nodes=2, ratio_target=0.2, codec="fp16", bandwidth_mbit=100,
+              shaping="pacing")
+    if d32 and s16:
+        out.append(f"- {big}, N=2, 100 Mbit/s: DISCO r=0.2 with fp16 on the wire vs dense fp32: "
+                   f"**{d32['latency_ms_median'] / s16['latency_ms_median']:.2f}x faster**")
+    for n, r in ((2, 0.2), (4, 0.1)):
+        e = next((e for e in entries if e["model"] == big and e["nodes"] == n and e.get("ratio_target") == r
+                  and e.get("weight_fraction_max") is not None), None)
+        if e:
+            out.append(f"- {big} weights per node at N={n}, r={r}: at most **{e['weight_fraction_max']:.3f}x** "
+                       f"of the whole model ({max(e['weight_bytes_per_node']) / 1e6:.1f} MB of "
+                       f"{e['params_dense'] * 4 / 1e6 if e.get('params_dense') else float('nan'):.1f} MB)")
+    for model in sorted({e["model"] for e in entries}, key=lambda m: m != big):
+        one = get(model=model, mode="single", nodes=1)
+        rt = get(model=model, mode="dense", nodes=1)
+        if one and rt:
+            out.append(f"- {model}, unshaped, N=1: the runtime takes {rt['latency_ms_median']:.2f} ms vs plain "
+                       f"PyTorch {one['latency_ms_median']:.2f} ms: "
+                       f"**{(rt['latency_ms_median'] / one['latency_ms_median'] - 1) * 100:+.0f}%**")
+    ratios = [e["latency_ms_median"] / e["predicted_ms"] for e in entries
+              if e.get("latency_ms_median") and e.get("predicted_ms")]
+    if ratios:
+        bad = sum(1 for x in ratios if x > 1.25 or x < 1 / 1.25)
+        out.append(f"- measured / predicted over {len(ratios)} measurements: median {np.median(ratios):.2f}, "
+                   f"range {min(ratios):.2f}..{max(ratios):.2f}; {bad} outside 1/1.25..1.25")
+    return out
 
 
 def write_outputs(out_json: Path, readme: Path, plot: Path) -> None:
     data = json.loads(out_json.read_text())
-    rows = ["| model | mode | N | r | codec | Mbit/s | measured ms | predicted ms | bytes sent | weights/node (max) "
-            "| rel. err |", "|" + "---|" * 11]
-    for e in data["entries"]:
-        bw = "loopback" if e["bandwidth_mbit"] is None else f"{e['bandwidth_mbit']:g}"
+    es = data["entries"]
+    order = {"single": 0, "dense": 1, "disco": 2, "separated": 3}
+    big = "resnet50" if any(e["model"] == "resnet50" for e in es) else es[0]["model"]
+    es = sorted(es, key=lambda e: (e["model"] != big, e["nodes"], order[e["mode"]],
+                                   -(e.get("ratio_target") or 0), {"fp32": 0, "fp16": 1}.get(e.get("codec"), 0),
+                                   e["bandwidth_mbit"] if e["bandwidth_mbit"] is not None else 1e9,
+                                   e.get("shaping") or ""))
+    head = ["| model | mode | N | r | codec | link | shaping | measured ms | predicted ms | no-overlap ms "
+            "| meas/pred | bytes sent | weights/node max | peak RSS/node max | rel. err | timed |",
+            "|" + "---|" * 16]
+    rows = ["### Measured", "", *head]
+    measured = [e for e in es if e.get("latency_ms_median") is not None or e.get("error")]
+    rest = [e for e in es if e not in measured]
+    for e in measured + [None] + rest:
+        if e is None:
+            if not rest:
+                break
+            rows += ["", "### Not measured (latency model only)", "", *head]
+            continue
+        bw = "loopback" if e["bandwidth_mbit"] is None else f"{e['bandwidth_mbit']:g} Mbit/s"
+        meas = e.get("latency_ms_median")
+        pred = e.get("predicted_ms")
+        ratio = "-" if not (meas and pred) else f"{meas / pred:.2f}"
+        wb = e.get("weight_bytes_per_node")
+        rss = e.get("peak_rss_mb_per_node")
         err = e.get("max_rel_err_vs_single_process")
-        rows.append(f"| {e['model']} | {e['mode']} | {e['nodes']} | {e['ratio'] if e['ratio'] is not None else '-'} "
-                    f"| {e['codec'] or '-'} | {bw} | {e['latency_ms_median']:.2f} | {e['predicted_ms']:.2f} "
-                    f"| {e['bytes_sent_total']} | {max(e['weight_bytes_per_node']) / 1e6:.3f} MB "
-                    f"| {'-' if err is None else f'{err:.1e}'} |")
+        r = e.get("ratio")
+        rows.append(
+            f"| {e['model']} | {e['mode']} | {e['nodes']} | {'-' if r is None else f'{r:.3f}'} "
+            f"| {e.get('codec') or '-'} | {bw} | {e.get('shaping') or '-'} "
+            f"| {('failed' if e.get('error') else '-') if meas is None else f'{meas:.1f}'} | {_f(pred, '{:.1f}')} "
+            f"| {_f(e.get('predicted_ms_no_overlap'), '{:.1f}')} | {ratio} "
+            f"| {_f(e.get('bytes_sent_total'), '{:,}')} | {'-' if not wb else f'{max(wb) / 1e6:.2f} MB'} "
+            f"| {'-' if not rss else f'{max(rss):.0f} MB'} | {_f(err, '{:.1e}')} | {e.get('n_timed') or '-'} |")
+    meta = data["meta"]
+    def cal_line(k: str) -> str:
+        c = meta.get(k, {})
+        return f"{c.get('a_s', 0) * 1e6:.0f} us + {c.get('b_s_per_byte', 0) * 1e9:.2f} ns/byte"
+
+    lines = [
+        "_Generated by `bench/latency.py` from results/latency.json._", "",
+        f"Host: {meta.get('host_cpus')} CPUs, {meta.get('threads_per_node')} thread per node, torch "
+        f"{meta.get('torch')}. Link model: {meta.get('link_model')}. Kernel shaping: {meta.get('tc')}.",
+        f"Per-message delay d(S) = a + b*S fitted on gloo ping-pongs through DistTransport: idle cores "
+        f"{cal_line('delay')} (through the pacing thread {cal_line('delay_paced')}); both ends computing "
+        f"between messages {cal_line('delay_loaded')} (paced {cal_line('delay_loaded_paced')}). The model uses "
+        f"the {meta.get('delay_model', 'loaded')} ones.", "",
+        *headlines(es, big), "", *rows,
+    ]
     text = readme.read_text() if readme.is_file() else "# Benchmarks\n"
     start, end = "<!-- latency-table -->", "<!-- /latency-table -->"
-    table = f"{start}\n_Generated by `bench/latency.py` from results/latency.json; {json.dumps(data['meta'])}_\n\n" \
-        + "\n".join(rows) + f"\n{end}"
+    table = f"{start}\n" + "\n".join(lines) + f"\n{end}"
     if start in text:
         text = text[:text.index(start)] + table + text[text.index(end) + len(end):]
     else:
         text += "\n" + table + "\n"
     readme.write_text(text)
+    plot_latency(es, plot)
+
+
+def plot_latency(es: list[dict[str, Any]], plot: Path) -> None:
     try:
         import matplotlib
 
@@ -178,38 +727,148 @@ def write_outputs(out_json: Path, readme: Path, plot: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    groups: dict[tuple, list] = {}
-    for e in data["entries"]:
-        if e["mode"] == "single" or e["bandwidth_mbit"] is None:
-            continue
-        groups.setdefault((e["model"], e["mode"], e["nodes"], e["ratio"], e["codec"]), []).append(e)
-    for k, es in groups.items():
-        es.sort(key=lambda e: e["bandwidth_mbit"])
-        ax.plot([e["bandwidth_mbit"] for e in es], [e["latency_ms_median"] for e in es], "o-",
-                label=f"{k[0]} {k[1]} N={k[2]} r={k[3]} {k[4]}")
-        ax.plot([e["bandwidth_mbit"] for e in es], [e["predicted_ms"] for e in es], "x--", alpha=0.5)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("link bandwidth (Mbit/s)")
-    ax.set_ylabel("latency (ms), o measured, x predicted")
-    ax.legend(fontsize=6)
+    model = "resnet50" if any(e["model"] == "resnet50" for e in es) else es[0]["model"]
+    loop_x = 10_000  # where "unshaped loopback" sits on the bandwidth axis
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    colors = {1.0: "C3", 0.2: "C0", 0.1: "C2", 0.05: "C4", 0.0: "C7"}
+    single = next((e for e in es if e["model"] == model and e["mode"] == "single"), None)
+    for ax, n in zip(axes, (2, 4), strict=True):
+        for (r, codec), c in [((r, cd), colors[r]) for r in RATIOS for cd in CODECS]:
+            sel = [e for e in es if e["model"] == model and e["nodes"] == n and e.get("ratio_target") == r
+                   and e.get("codec") == codec and e.get("shaping") in ("pacing", None)]
+            if not sel:
+                continue
+            sel.sort(key=lambda e: e["bandwidth_mbit"] or loop_x)
+            xs = [e["bandwidth_mbit"] or loop_x for e in sel]
+            ls = "-" if codec == "fp32" else "--"
+            name = {1.0: "dense", 0.0: "separated"}.get(r, f"DISCO r={r}")
+            ax.plot(xs, [e["predicted_ms"] for e in sel], ls, color=c, alpha=0.35, lw=1)
+            m = [(x, e["latency_ms_median"]) for x, e in zip(xs, sel, strict=True) if e["latency_ms_median"]]
+            if m:
+                ax.plot(*zip(*m, strict=True), "o" + ls, color=c, label=f"{name} {codec}", ms=4)
+            else:
+                ax.plot([], [], ls, color=c, alpha=0.35, label=f"{name} {codec} (predicted)")
+        tc = [e for e in es if e["model"] == model and e["nodes"] == n and e.get("shaping") == "tc"
+              and e["latency_ms_median"]]
+        if tc:
+            ax.plot([e["bandwidth_mbit"] for e in tc], [e["latency_ms_median"] for e in tc], "k^", ms=7, mfc="none",
+                    label="kernel tc (veth, netns)")
+        if single:
+            ax.axhline(single["latency_ms_median"], color="k", ls=":", lw=1, label="1 process (PyTorch)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks([10, 100, 1000, loop_x], ["10", "100", "1000", "loopback"])
+        ax.set_xlabel("link bandwidth per node (Mbit/s)")
+        ax.set_title(f"{model}, N={n}: markers measured, faint lines predicted")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("latency per inference (ms)")
+    axes[1].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(plot, dpi=120)
+    plt.close(fig)
+
+
+def calibrate_overhead(data: dict[str, Any], delay: dict[str, lat.Delay], cores: int) -> float:
+    """Per-message runtime overhead o (s) on unshaped links: the value for which the model reproduces
+    one unshaped loopback run (resnet50, dense, N=2, fp32; else the first dense N=2 fp32 loopback run)."""
+    cands = [e for e in data["entries"] if e["mode"] == "dense" and e["nodes"] == 2 and e.get("codec") == "fp32"
+             and e["bandwidth_mbit"] is None and e.get("latency_ms_median")]
+    cands.sort(key=lambda e: e["model"] != "resnet50")
+    for e in data["entries"]:
+        e.pop("calibration", None)
+    if not cands:
+        return 0.0
+    e = cands[0]
+    progs = TRACES.get(f"{e['model']}|2|1|fp32")
+    if progs is None:
+        return 0.0
+    target = e["latency_ms_median"] / 1e3
+    lo, hi = 0.0, 0.01
+    if lat.simulate(progs, LinkModel(None), cores, delay["none"]) >= target:
+        o = 0.0
+    else:
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            if lat.simulate(lat.with_overhead(progs, mid), LinkModel(None), cores, delay["none"]) < target:
+                lo = mid
+            else:
+                hi = mid
+        o = (lo + hi) / 2
+    e["calibration"] = True
+    data["meta"]["msg_overhead_s"] = o
+    data["meta"]["msg_overhead_from"] = f"{e['model']} dense N=2 fp32 unshaped loopback, measured " \
+        f"{e['latency_ms_median']:.1f} ms over {e.get('messages')} messages"
+    return o
+
+
+def repredict(out: Path, delay_model: str | None = None) -> None:
+    """Recompute every prediction from the stored traces and calibration (after a change of the model)."""
+    load_traces()
+    data = json.loads(out.read_text())
+    if delay_model:
+        data["meta"]["delay_model"] = delay_model
+    delay = delays(data["meta"])
+    cores = data["meta"].get("host_cpus") or os.cpu_count()
+    o = calibrate_overhead(data, delay, cores)
+    for e in data["entries"]:
+        if e["mode"] == "single":
+            continue
+        r = 1.0 if e["nodes"] == 1 else e["ratio_target"]
+        progs = TRACES.get(f"{e['model']}|{e['nodes']}|{r:g}|{e['codec']}")
+        if progs is None:
+            continue
+        bw = None if e["bandwidth_mbit"] is None else e["bandwidth_mbit"] * 1e6
+        if bw is not None and e.get("shaping") == "tc":
+            bw *= TCP_GOODPUT
+        pred = lat.predict(progs, LinkModel(bw), cores, delay[e.get("shaping") or "none"],
+                           o if e["bandwidth_mbit"] is None and e["nodes"] > 1 else 0.0)
+        e["predicted_ms"] = round(pred["predicted_ms"], 3)
+        e["predicted_ms_no_overlap"] = round(pred["predicted_ms_no_overlap"], 3)
+        if e.get("latency_ms_median"):
+            e["measured_over_predicted"] = round(e["latency_ms_median"] / pred["predicted_ms"], 3)
+    out.write_text(json.dumps(data, indent=1))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=str(ROOT / "results" / "latency.json"))
+    p.add_argument("--quick", action="store_true", help="cifar_resnet8, N=2, a few settings (development)")
+    p.add_argument("--out", default=None, help="JSON file (default results/latency.json, "
+                   "results/latency_quick.json with --quick)")
+    p.add_argument("--budget-minutes", type=float, default=600.0, help="stop measuring after this long; the "
+                   "rest gets the latency model's prediction only")
+    p.add_argument("--models", default="resnet50,cifar_resnet20")
+    p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
+    p.add_argument("--no-tc", action="store_true", help="skip the kernel-shaping (netns + tc) runs")
+    p.add_argument("--report", action="store_true", help="only regenerate the README table and the plot")
+    p.add_argument("--repredict", action="store_true", help="with --report: recompute the predictions from the "
+                   "stored traces and calibration first")
+    p.add_argument("--delay-model", choices=["idle", "loaded"], default=None,
+                   help="with --repredict: which per-message delay calibration the model uses")
+    p.add_argument("--readme", default=None, help="write the table into this README (default bench/README.md "
+                   "when --out is results/latency.json)")
+    p.add_argument("--single", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
-    out = Path(a.out)
-    if a.quick:
-        run([("cifar_resnet8", (1, 3, 32, 32))], [2], [1.0, 0.2, 0.0], ["fp32"], [100, None], 20, 3, out, True)
-    else:
-        run([("cifar_resnet20", (1, 3, 32, 32)), ("resnet50", (1, 3, 224, 224))], [2, 4],
-            [1.0, 0.2, 0.1, 0.05, 0.0], ["fp32", "fp16"], [10, 100, 1000, None], 20, 3, out, False)
-    write_outputs(out, ROOT / "bench" / "README.md", out.with_suffix(".png"))
+    if a.single:
+        single_main(a.single)
+        return
+    out = Path(a.out or ROOT / "results" / ("latency_quick.json" if a.quick else "latency.json"))
+    main_out = out.resolve() == (ROOT / "results" / "latency.json").resolve()
+    if a.report and a.repredict:
+        repredict(out, a.delay_model)
+    if not a.report:
+        models = ["cifar_resnet8"] if a.quick else [m for m in a.models.split(",") if m]
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        sweep = Sweep(out, a.budget_minutes * 60, a.quick, a.fresh, not a.no_tc)
+        try:
+            sweep.run(job_list(models, a.quick), models)
+        finally:
+            with contextlib.suppress(Exception):
+                netns_cleanup()
+    readme = Path(a.readme) if a.readme else ROOT / "bench" / "README.md" if main_out else None
+    if readme is not None:
+        write_outputs(out, readme, out.with_suffix(".png"))
+    big = "cifar_resnet8" if a.quick else a.models.split(",")[0]
+    print("\n".join(headlines(json.loads(out.read_text())["entries"], big)))
 
 
 if __name__ == "__main__":

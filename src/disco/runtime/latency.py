@@ -1,0 +1,403 @@
+"""Latency model: predicts what ``disco run`` measures, from measured per-node compute and the link model.
+
+The model has three calibrated parts and one stated assumption:
+
+* **per-node compute, measured at zero communication cost**: node j's plan runs alone in
+  this process (1 thread) over a :class:`TraceTransport` whose receives return at once;
+  the transport records when node j sends each message and when it first waits for each
+  received one. The gaps between those events are node j's compute segments (its real
+  kernels, split GEMMs, codec casts, index_select/cat and Python per-op overhead).
+* **per-message delivery delay** ``d(S) = a + b*S`` (software + loopback copy of S bytes),
+  fitted once on a gloo ping-pong between two processes through the runtime's own
+  :class:`~disco.runtime.transport.DistTransport` (:func:`pingpong`); a second fit goes
+  through the pacing thread (at a bandwidth too high to matter) for paced links.
+* **the link model** of :mod:`disco.runtime.transport` (the one its pacing implements):
+  every node's interface is limited to the bandwidth, full duplex, all nodes behind one
+  non-blocking switch; a message of S bytes holds the sender's uplink for 8S/bw (FIFO),
+  is released after the one-way latency, and holds the receiver's downlink for 8S/bw.
+* **per-message runtime overhead on unshaped links** ``o``: CPU time after each received
+  message that the ping-pong does not show (gloo progress and wake-ups while both
+  processes compute); calibrated once so that the model reproduces one unshaped loopback
+  run (the benchmark uses resnet50, dense, N=2, fp32), then applied to every unshaped run.
+* **CPU**: the N node processes share ``cores`` cores (processor sharing): while k nodes
+  compute at once, each runs at min(1, cores/k) of its single-core speed.
+
+:func:`simulate` replays the N per-node traces against each other through that link model
+(discrete events): a mixing op's local half runs before it waits for the remote channels,
+exactly as the executor does, so this is the prediction *with overlap*.
+:func:`no_overlap` is the bound without any overlap: compute (shared cores) plus, for each
+exchange in turn, the busiest interface's bytes / bandwidth + latency + d(S).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .transport import Codec, LinkModel, get_codec
+
+# a program step: ("c", seconds) | ("s", dst, tag, nbytes) | ("w", src, tag, nbytes) | ("f",)
+Step = tuple
+
+
+# ---- tracing one node's plan at zero communication cost ---------------------------------------
+
+class _TraceHandle:
+    def __init__(self, tr: TraceTransport, src: int, tag: int, shape: tuple[int, ...], cdim: int, codec: Codec,
+                 nbytes: int) -> None:
+        self.tr, self.src, self.tag, self.shape, self.cdim, self.codec, self.nbytes = \
+            tr, src, tag, shape, cdim, codec, nbytes
+        self._val: Tensor | None = None
+
+    def wait(self) -> Tensor:
+        if self._val is None:
+            self.tr.events.append((time.perf_counter(), "w", self.src, self.tag, self.nbytes))
+            self._val = self.codec.decode(torch.zeros(self.nbytes, dtype=torch.uint8), self.shape, self.cdim)
+        return self._val
+
+
+class TraceTransport:
+    """Executor transport that delivers zeros at once and records when messages are sent and awaited."""
+
+    def __init__(self, rank: int, codec: str | Codec = "fp32", cdims: dict[int, int] | None = None) -> None:
+        self.rank = rank
+        self.codec = codec if isinstance(codec, Codec) else get_codec(codec)
+        self.raw = Codec()
+        self.cdims = cdims or {}
+        self.events: list[tuple] = []
+
+    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True) -> None:
+        cdim = self.cdims.get(tag, 1 if t.dim() > 1 else 0)
+        buf = (self.codec if coded else self.raw).encode(t, cdim)  # the encode cost is part of compute
+        self.events.append((time.perf_counter(), "s", dst, tag, int(buf.numel())))
+
+    def recv(self, tag: int, src: int, shape: tuple[int, ...], coded: bool = True) -> _TraceHandle:
+        cdim = self.cdims.get(tag, 1 if len(shape) > 1 else 0)
+        codec = self.codec if coded else self.raw
+        return _TraceHandle(self, src, tag, shape, cdim, codec, codec.nbytes(shape, cdim))
+
+    def flush(self) -> None:
+        self.events.append((time.perf_counter(), "f"))
+
+
+def trace_plan(part: Any, kept: np.ndarray | None, x: Tensor, codec: str = "fp32", reps: int = 5,
+               warmup: int = 2, ranks: Sequence[int] | None = None) -> list[list[Step]]:
+    """Per node: its program (compute segments, sends, waits, flush) measured with 1 thread.
+
+    Each node runs ``warmup + reps`` times alone; every segment is the median over the reps.
+    """
+    from .executor import Executor
+    from .plan import NodePlan
+
+    kept = part.all_links() if kept is None else np.asarray(kept, dtype=bool)
+    progs: list[list[Step]] = []
+    for j in (range(part.nodes) if ranks is None else ranks):
+        plan = NodePlan(part, kept, j)
+        weights, _ = plan.shard_from(part.gm)
+        tr = TraceTransport(j, codec, {ex.tag: ex.cdim for ex in plan.exchanges.values()})
+        ex = Executor(plan, part.gm, weights, tr)
+        runs: list[list[float]] = []
+        kinds: list[tuple] | None = None
+        for k in range(warmup + reps):
+            tr.events = []
+            t0 = time.perf_counter()
+            ex.run([x] if j == 0 else None)
+            t1 = time.perf_counter()
+            if k < warmup:
+                continue
+            kinds = [e[1:] for e in tr.events]
+            runs.append([e[0] - t0 for e in tr.events] + [t1 - t0])
+        med = np.median(np.asarray(runs), axis=0)
+        med = np.maximum.accumulate(med)
+        prog: list[Step] = []
+        prev = 0.0
+        for t, kind in zip(med[:-1], kinds or [], strict=True):
+            if t > prev:
+                prog.append(("c", float(t - prev)))
+            prev = max(prev, float(t))
+            prog.append(tuple(kind))
+        if med[-1] > prev:
+            prog.append(("c", float(med[-1] - prev)))
+        progs.append(prog)
+        del ex, weights
+    return progs
+
+
+def with_overhead(progs: list[list[Step]], recv_s: float) -> list[list[Step]]:
+    """The programs with ``recv_s`` seconds of CPU work after every wait (per-message runtime overhead)."""
+    if recv_s <= 0:
+        return progs
+    return [[x for s in p for x in ((s, ("c", recv_s)) if s[0] == "w" else (s,))] for p in progs]
+
+
+def compute_s(prog: list[Step]) -> float:
+    return float(sum(s[1] for s in prog if s[0] == "c"))
+
+
+def messages(progs: list[list[Step]]) -> int:
+    return sum(1 for p in progs for s in p if s[0] == "s")
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+@dataclass
+class Delay:
+    """Delivery delay of one message of S bytes once it leaves the (paced) sender: a + b*S seconds."""
+
+    a: float = 100e-6
+    b: float = 0.0
+
+    def __call__(self, nbytes: int) -> float:
+        return self.a + self.b * nbytes
+
+
+def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay) -> float:
+    """Seconds from the leader's start to its end of one inference (overlap as the executor does it)."""
+    n = len(progs)
+    bw = link.bandwidth_bps
+    idx = [0] * n
+    status = ["run"] * n  # run | wait | done
+    rem = [0.0] * n
+    wake: list[float | None] = [None] * n
+    tx_free = [0.0] * n
+    last_out = [0.0] * n
+    rx_free = [-1e9] * n
+    arrivals: dict[tuple, float] = {}  # (src, dst, tag, k) -> arrival time
+    sent_count: dict[tuple, int] = {}
+    wait_count: dict[tuple, int] = {}
+    waiting: dict[tuple, tuple[int, float, int]] = {}  # key -> (node, time it started waiting, nbytes)
+    end = [0.0] * n
+    t = 0.0
+
+    def downlink(j: int, t_wait: float, arr: float, nbytes: int) -> float:
+        done = max(t_wait, arr)
+        if bw is None:
+            return done
+        avail = max(done, rx_free[j] + nbytes * 8.0 / bw)
+        rx_free[j] = avail
+        return avail
+
+    def step(j: int) -> None:
+        """Run node j's instantaneous steps until it computes, waits or ends."""
+        while True:
+            if idx[j] >= len(progs[j]):
+                status[j], end[j] = "done", t
+                return
+            s = progs[j][idx[j]]
+            idx[j] += 1
+            if s[0] == "c":
+                status[j], rem[j] = "run", s[1]
+                return
+            if s[0] == "s":
+                _, dst, tag, nb = s
+                k = sent_count.get((j, dst, tag), 0)
+                sent_count[(j, dst, tag)] = k + 1
+                if link.shaped:
+                    start = max(t, tx_free[j])
+                    tx_free[j] = start + link.wire_time(nb)
+                    release = tx_free[j] + link.latency_s
+                else:
+                    release = t
+                arr = release + delay(nb)
+                last_out[j] = max(last_out[j], arr)
+                key = (j, dst, tag, k)
+                arrivals[key] = arr
+                if key in waiting:
+                    node, t_wait, nbytes = waiting.pop(key)
+                    wake[node] = downlink(node, t_wait, arr, nbytes)
+                continue
+            if s[0] == "w":
+                _, src, tag, nb = s
+                k = wait_count.get((src, j, tag), 0)
+                wait_count[(src, j, tag)] = k + 1
+                key = (src, j, tag, k)
+                status[j] = "wait"
+                if key in arrivals:
+                    wake[j] = downlink(j, t, arrivals[key], nb)
+                else:
+                    wake[j] = None
+                    waiting[key] = (j, t, nb)
+                return
+            if s[0] == "f":
+                status[j], wake[j] = "wait", max(t, last_out[j])
+                return
+            raise ValueError(f"unknown step {s!r}")
+
+    for j in range(n):
+        step(j)
+    for _ in range(10_000_000):
+        if all(s == "done" for s in status):
+            break
+        running = [j for j in range(n) if status[j] == "run"]
+        rate = min(1.0, cores / len(running)) if running else 1.0
+        cands = [t + rem[j] / rate for j in running]
+        cands += [w for j, w in enumerate(wake) if status[j] == "wait" and w is not None]
+        if not cands:
+            raise RuntimeError("latency model deadlock: a node waits for a message nobody sends")
+        t_next = max(t, min(cands))
+        for j in running:
+            rem[j] -= (t_next - t) * rate
+        t = t_next
+        for j in range(n):
+            if (status[j] == "run" and rem[j] <= 1e-12) or \
+                    (status[j] == "wait" and wake[j] is not None and wake[j] <= t):
+                wake[j] = None
+                step(j)
+    return end[0]
+
+
+def no_overlap(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay) -> float:
+    """Compute (N nodes on ``cores`` cores) plus every exchange in turn, nothing overlapped."""
+    comp = [compute_s(p) for p in progs]
+    t = max(max(comp), sum(comp) / max(1, min(cores, len(progs))))
+    by_tag: dict[int, list[tuple[int, int, int]]] = {}
+    for j, p in enumerate(progs):
+        for s in p:
+            if s[0] == "s":
+                by_tag.setdefault(s[2], []).append((j, s[1], s[3]))
+    for msgs in by_tag.values():
+        up: dict[int, int] = {}
+        down: dict[int, int] = {}
+        for src, dst, nb in msgs:
+            up[src] = up.get(src, 0) + nb
+            down[dst] = down.get(dst, 0) + nb
+        busiest = max(max(up.values()), max(down.values()))
+        t += link.wire_time(busiest) + link.latency_s + delay(max(nb for *_, nb in msgs))
+    return t
+
+
+def predict(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, recv_overhead_s: float = 0.0
+            ) -> dict[str, float]:
+    """Both predictions (ms) and the terms behind them (``recv_overhead_s``: see :func:`with_overhead`)."""
+    comp = [compute_s(p) for p in progs]
+    progs = with_overhead(progs, recv_overhead_s)
+    nbytes = sum(s[3] for p in progs for s in p if s[0] == "s")
+    return {"predicted_ms": simulate(progs, link, cores, delay) * 1e3,
+            "predicted_ms_no_overlap": no_overlap(progs, link, cores, delay) * 1e3,
+            "compute_ms_per_node": [c * 1e3 for c in comp], "messages": messages(progs),
+            "wire_bytes_total": int(nbytes)}
+
+
+# ---- calibration of the per-message delay: gloo ping-pong through DistTransport ------------------
+
+def _work(n: int) -> None:
+    a = torch.ones(64, 64)
+    for _ in range(n):
+        a @ a
+
+
+def pingpong(rank: int, port: int, sizes: Sequence[int], reps: int = 30, addr: str = "127.0.0.1",
+             paced: bool = False, load_s: float = 0.0) -> list[float]:
+    """Run as ranks 0 and 1 of a 2-process gloo group; rank 0 returns the one-way delay per size (s).
+
+    ``paced``: through the pacing thread at a bandwidth so high that only its hand-off costs.
+    ``load_s`` > 0: both ranks compute (a fixed amount of work, ``load_s`` seconds when alone)
+    between posting a receive and sending, as the executor does, so the delay includes what
+    busy cores cost the message (each round's time minus the work's time alone)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from .transport import DistTransport
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore(addr, port, 2, is_master=rank == 0, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=30))
+    tr = DistTransport(rank, 2, codec="fp32", link=LinkModel(1e15) if paced else None)
+    peer = 1 - rank
+    n_work, work_s = 0, 0.0
+    if load_s > 0:
+        t0 = time.perf_counter()
+        _work(200)
+        n_work = max(1, int(200 * load_s / (time.perf_counter() - t0)))
+        ts = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            _work(n_work)
+            ts.append(time.perf_counter() - t0)
+        work_s = float(np.median(ts))
+    out = []
+    for k, nb in enumerate(sizes):
+        x = torch.zeros(max(1, nb // 4))
+        ts = []
+        for r in range(reps + 3):
+            tag = 100 + k
+            dist.barrier()
+            t0 = time.perf_counter()
+            if load_s > 0:
+                h = tr.recv(tag, peer, tuple(x.shape))
+                _work(n_work)
+                tr.send(tag, peer, x)
+                h.wait()
+            elif rank == 0:
+                tr.send(tag, peer, x)
+                tr.recv(tag, peer, tuple(x.shape)).wait()
+            else:
+                tr.recv(tag, peer, tuple(x.shape)).wait()
+                tr.send(tag, peer, x)
+            tr.flush()
+            if r >= 3:
+                ts.append(time.perf_counter() - t0)
+        out.append(float(np.median(ts)) - work_s if load_s > 0 else float(np.median(ts)) / 2)
+    dist.barrier()
+    tr.close()
+    dist.destroy_process_group()
+    return out
+
+
+def fit_delay(sizes: Sequence[int], one_way: Sequence[float]) -> Delay:
+    """Least-squares a + b*S on relative error (small messages count as much as big ones), both >= 0."""
+    s = np.asarray(sizes, dtype=np.float64)
+    y = np.asarray(one_way, dtype=np.float64)
+    w = 1.0 / np.maximum(y, 1e-9)
+    A = np.stack([np.ones_like(s), s], 1) * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, y * w, rcond=None)
+    return Delay(max(0.0, float(a)), max(0.0, float(b)))
+
+
+def calibrate_delay(sizes: Sequence[int] = (64, 4096, 65536, 524288, 2097152, 4194304), reps: int = 30,
+                    paced: bool = False, load_s: float = 0.0) -> tuple[Delay, dict[str, Any]]:
+    """Start two processes, ping-pong through DistTransport, fit the delay model."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from .launch import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "pp.json"
+        cmd = [sys.executable, "-m", "disco.runtime.latency", "pingpong", str(port), json.dumps(list(sizes)),
+               str(reps), "1" if paced else "0", str(load_s)]
+        procs = [subprocess.Popen(cmd + [str(r), str(out)]) for r in (0, 1)]
+        for p in procs:
+            p.wait(timeout=300)
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"ping-pong failed: exit codes {[p.returncode for p in procs]}")
+        one_way = json.loads(out.read_text())
+    delay = fit_delay(sizes, one_way)
+    return delay, {"sizes": list(sizes), "one_way_s": one_way, "a_s": delay.a, "b_s_per_byte": delay.b,
+                   "paced": paced, "load_s": load_s}
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) >= 2 and sys.argv[1] == "pingpong":
+        port, sizes, reps, paced, load, rank, out = int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), \
+            sys.argv[5] == "1", float(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
+        res = pingpong(rank, port, sizes, reps, paced=paced, load_s=load)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(res, f)
+        import os
+
+        os._exit(0)
