@@ -61,7 +61,8 @@ def unpack_bits(data: str, n: int) -> np.ndarray:
     return np.unpackbits(raw)[:n].astype(bool)
 
 
-def _digest(state: dict[str, torch.Tensor]) -> str:
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of a state dict (detects damaged files)."""
     h = hashlib.sha256()
     for k in sorted(state):
         t = state[k].detach().cpu().contiguous().reshape(-1)
@@ -81,7 +82,7 @@ def save_checkpoint(ckpt: Checkpoint, path: str | Path) -> Path:
     state = {k: v.detach().cpu().contiguous().clone() for k, v in ckpt.state_dict.items()}
     meta = {
         "format": FORMAT, "version": VERSION, "model": ckpt.model, "input_shape": list(ckpt.input_shape),
-        "task": ckpt.task, "disco": ckpt.disco, "info": ckpt.info, "sha256": _digest(state),
+        "task": ckpt.task, "disco": ckpt.disco, "info": ckpt.info, "sha256": state_digest(state),
     }
     tmp = path.with_name(path.name + ".tmp")
     save_file(state, str(tmp), metadata={"disco": json.dumps(meta)})
@@ -124,7 +125,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         state = load_file(str(path))
     except Exception as e:
         raise CheckpointError(f"checkpoint {path} is damaged: {e}") from e
-    if _digest(state) != meta["sha256"]:
+    if state_digest(state) != meta["sha256"]:
         raise CheckpointError(f"checkpoint {path} is damaged: tensor checksum does not match its header")
     return Checkpoint(
         model=meta["model"], state_dict=state, input_shape=meta["input_shape"], task=meta.get("task"),

@@ -37,19 +37,14 @@ FORMAT = "disco-shards"
 VERSION = 1
 
 
+from ..checkpoint import state_digest  # noqa: E402
+
+
 class ShardError(ValueError):
     """A shard or manifest that does not belong to this run (other model, N, rank) or is damaged."""
 
 
-def _digest(state: dict[str, Tensor]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(state):
-        t = state[k].detach().cpu().contiguous().reshape(-1)
-        h.update(k.encode())
-        h.update(str(t.dtype).encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+_digest = state_digest  # the same checksum as checkpoints
 
 
 def model_hash(gm: nn.Module, part: Partition) -> str:
