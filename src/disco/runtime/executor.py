@@ -41,7 +41,6 @@ class Executor:
         self.mods = plan.local_modules(gm, weights)
         self.mix_modules = {mp.node: gm.get_submodule(mp.layer) for mp in plan.mix.values()}
         order = {nd.name: k for k, nd in enumerate(plan.nodes)}
-        order = {nd.name: k for k, nd in enumerate(plan.nodes)}
         # received views are built lazily by the mixing op that reads them: keep every tensor on the
         # view chain to a mixing op's input alive until that op has run
         recv_last: dict[str, int] = {}

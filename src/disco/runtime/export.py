@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, fx, nn
 
-from ..checkpoint import pack_bits, unpack_bits
+from ..checkpoint import pack_bits, state_digest, unpack_bits
 from ..graph import Partition, partition
 from .plan import NodePlan
 
@@ -37,14 +37,11 @@ FORMAT = "disco-shards"
 VERSION = 1
 
 
-from ..checkpoint import state_digest  # noqa: E402
-
 
 class ShardError(ValueError):
     """A shard or manifest that does not belong to this run (other model, N, rank) or is damaged."""
 
 
-_digest = state_digest  # the same checksum as checkpoints
 
 
 def model_hash(gm: nn.Module, part: Partition) -> str:
@@ -92,7 +89,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         if n_params != rep.params_per_node[j]:
             raise RuntimeError(f"shard of rank {j} holds {n_params} parameters, the cost model counts "
                                f"{rep.params_per_node[j]} (accounting mismatch)")
-        digest = _digest(state)
+        digest = state_digest(state)
         header = {"format": FORMAT, "version": VERSION, "model_hash": mhash, "nodes": part.nodes, "rank": j,
                   "fingerprint": fp, "sha256": digest, "params": n_params}
         path = out / f"node{j}.safetensors"
@@ -196,7 +193,7 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
         raise
     except Exception as e:
         raise ShardError(f"shard {path} is damaged: {type(e).__name__}: {e}") from e
-    if _digest(weights) != header["sha256"]:
+    if state_digest(weights) != header["sha256"]:
         raise ShardError(f"shard {path} is damaged: tensor checksum does not match its header")
     part = meta_partition(man)
     if part.fingerprint() != man["fingerprint"]:
