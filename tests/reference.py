@@ -18,13 +18,14 @@ class _Assembled(fx.Interpreter):
     def __init__(self, part: Partition, gm: fx.GraphModule, kept: np.ndarray) -> None:
         super().__init__(gm)
         self.part = part
-        self.layers = {ly.name: ly for ly in part.layers}
+        self.layers = {ly.node: ly for ly in part.layers}
         self.kept = kept
 
-    def call_module(self, target, args, kwargs):  # noqa: ANN001,ANN201
-        ly = self.layers.get(target)
+    def run_node(self, n: fx.Node):  # noqa: ANN201
+        ly = self.layers.get(n.name)
         if ly is None:
-            return super().call_module(target, args, kwargs)
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
         x = args[0]
         in_cdim, out_cdim = self.part.cdim[ly.input], self.part.cdim[ly.node]
         allowed = ly.allowed(self.kept)
@@ -33,7 +34,8 @@ class _Assembled(fx.Interpreter):
         for j in range(self.part.nodes):
             shape = [1] * x.dim()
             shape[in_cdim] = -1
-            y = super().call_module(target, (x * torch.from_numpy(allowed[j]).view(shape).to(x.dtype),), kwargs)
+            xj = x * torch.from_numpy(allowed[j]).view(shape).to(x.dtype)
+            y = getattr(self, n.op)(n.target, (xj, *args[1:]), kwargs)
             if out is None:
                 out = y.clone()
             idx = torch.from_numpy(np.nonzero((owner == j) | ((owner == REPLICATED) & (j == 0)))[0])

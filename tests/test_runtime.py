@@ -72,7 +72,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("name", ["cifar_resnet8", "cifar_resnet20", "zoo", "rrdbnet_tiny", "mobilenet_v3_small",
-                                  "resnet18"])
+                                  "resnet18", "vit_tv_test"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_plan_matches_disco_model_and_cost(name: str, n: int) -> None:
     _, part, kept, _, x, ref = _setup(name, n)
@@ -134,7 +134,7 @@ def test_pacing_slows_down_by_the_link_model() -> None:
     assert dt >= max(t.payload_bytes for t in trs) / 1e6
 
 
-@pytest.mark.parametrize("name", ["cifar_resnet8", "zoo"])
+@pytest.mark.parametrize("name", ["cifar_resnet8", "zoo", "vit_tv_test"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_export_shards_hold_only_own_weights(tmp_path, name: str, n: int) -> None:
     model, part, kept, dm, x, ref = _setup(name, n)

@@ -22,11 +22,18 @@ CASES = [
     ("deit_tiny_distilled_patch16_224", (1, 3, 64, 64), [3]),
     ("deit_small_patch16_224", (1, 3, 64, 64), [2, 3]),  # 6 heads
     ("vit_tiny_test", (2, 3, 32, 32), [2, 4]),  # 4 heads
+    ("vit_b_16", (1, 3, 64, 64), [2, 3, 4]),  # torchvision, nn.MultiheadAttention, 12 heads
 ]
 
 
 def _build(name, shape):
-    return build_model(name, **({"img_size": shape[-1]} if name.startswith("deit") else {})).eval()
+    if name.startswith("deit"):
+        return build_model(name, img_size=shape[-1]).eval()
+    if name == "vit_b_16":
+        model = build_model(name, image_size=shape[-1]).eval()
+        torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts the head at zero
+        return model
+    return build_model(name).eval()
 
 
 def _rel(a, b):
@@ -74,10 +81,39 @@ def test_head_count_not_divisible_is_a_clear_error(name, n, heads):
         partition(_build(name, (1, 3, 64, 64)), (1, 3, 64, 64), n)
 
 
-def test_torchvision_vit_is_refused_clearly():
-    # torchvision's ViT uses nn.MultiheadAttention, which has no head-split rule yet
-    with pytest.raises(UnsupportedOpError, match="MultiheadAttention"):
-        partition(build_model("vit_b_16"), (1, 3, 224, 224), 2)
+def test_multihead_attention_projection_is_one_mixing_op_on_in_proj_weight():
+    """nn.MultiheadAttention: the fused q/k/v projection is a mixing layer on ``in_proj_weight``
+    (one link serves q, k and v), heads stay whole, and the masks live on that parameter."""
+    model = _build("vit_b_16", (1, 3, 32, 32))
+    part = partition(model, (1, 3, 32, 32), 4)
+    path = "encoder.layers.encoder_layer_0.self_attention"
+    ly = part.layer(f"{path}.in_proj_weight")
+    assert (ly.name, ly.param, ly.bias) == (path, "in_proj_weight", "in_proj_bias")
+    own = ly.out_owner.reshape(3, 12, 64)
+    assert (own == own[0:1]).all() and (own == own[:, :, :1]).all()
+    assert own[0, :, 0].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    dm = DiscoModel(model, part, part.no_links())
+    mha = model.get_submodule(path)
+    assert "in_proj_weight" in mha.parametrizations
+    w = mha.in_proj_weight.detach()
+    x_owner = part.owner[ly.input]
+    assert (w[:, x_owner != 0][ly.out_owner == 0] == 0).all() and (w[:, x_owner == 0][ly.out_owner == 0] != 0).any()
+    assert f"{path}.in_proj_weight" in dm.plain_state_dict()
+
+
+def test_multihead_attention_unsupported_uses_are_named():
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+
+    class Cross(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.attn = torch.nn.Linear(16, 16), mha
+
+        def forward(self, x):
+            return self.attn(x, self.proj(x), self.proj(x))[0]
+
+    with pytest.raises(UnsupportedOpError, match="MultiheadAttention.*distinct query, key and value"):
+        partition(Cross(), (1, 5, 16), 2)
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -34,7 +34,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     lr = args.lr if args.lr is not None else getattr(task, "lr", 0.1)
     wd = args.wd if args.wd is not None else getattr(task, "weight_decay", 5e-4)
     hist = fit(model, train, task.loss, epochs=args.epochs, lr=lr, weight_decay=wd,
-               state_path=out.with_name(out.name + ".state.pt"), optimizer=getattr(task, "optimizer", "sgd"),
+               state_path=out.with_name(out.name + ".state.pt"),
+               optimizer=args.optimizer or getattr(task, "optimizer", "sgd"),
                on_epoch=(lambda e: task.evaluate(model, test)) if args.eval_every else None, desc="train")
     metrics = task.evaluate(model, test)
     save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=model.state_dict(),
@@ -42,6 +43,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                                info={"metrics": metrics, "history": hist, "args": vars(args) | {"func": None}}), out)
     print(json.dumps({"checkpoint": str(out), **metrics}))
     return 0
+
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int, default=30)
     t.add_argument("--lr", type=float, help="learning rate (default: the task's; 0.1 for cifar10)")
     t.add_argument("--wd", type=float, help="weight decay (default: the task's; 5e-4 for cifar10)")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the task's (sgd for cifar10, adam for sr)")
     t.add_argument("--batch-size", type=int, default=128)
     t.add_argument("--limit", type=int, help="use only the first LIMIT images of each split (smoke runs)")
     t.add_argument("--eval-every", action="store_true", help="evaluate after every epoch")

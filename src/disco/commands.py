@@ -54,7 +54,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
     cfg = SparsifyConfig(nodes=args.nodes, ratio=args.ratio, budget=args.budget, selection=args.selection,
                          epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr,
-                         distill=args.distill, limit=args.limit, seed=args.seed, batch_size=args.batch_size)
+                         distill=args.distill, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                         optimizer=args.optimizer, weight_decay=args.wd)
     res = sparsify(args.checkpoint, args.data, args.out, cfg)
     print(json.dumps(res | {"checkpoint": args.out}))
     return 0
@@ -185,6 +186,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prune-fraction", type=float, default=0.5, help="share of the run spent lowering r")
     s.add_argument("--lr", type=float, help="fine-tuning learning rate (default: the task's; 0.02 for cifar10)")
     s.add_argument("--distill", type=float, default=0.0, help="weight of distillation from the dense model")
+    s.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), help="default: the task's")
+    s.add_argument("--wd", type=float, help="weight decay (default: the task's)")
     s.add_argument("--batch-size", type=int, default=128)
     s.add_argument("--limit", type=int)
     s.add_argument("--seed", type=int, default=0)

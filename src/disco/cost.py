@@ -84,20 +84,18 @@ def params_per_node(part: Partition, kept: np.ndarray) -> list[int]:
     n = part.nodes
     per = np.zeros(n, dtype=np.int64)
     counted: set[int] = set()
-    mixing = {ly.name: ly for ly in part.layers}
+    for ly in part.layers:
+        m = ly.view(part.gm)
+        w_size = math.prod(m.weight.shape[2:]) if m.weight.dim() > 2 else 1
+        conns = ly.connection_mask(kept).sum(1).astype(np.int64) * w_size
+        per += np.bincount(ly.out_owner, weights=conns, minlength=n).astype(np.int64)
+        if m.bias is not None:
+            per += np.bincount(ly.out_owner, minlength=n).astype(np.int64)
+        counted.update(id(p) for p in m.parameters())
     for node in part.gm.graph.nodes:
         if node.op != "call_module":
             continue
         m = part.gm.get_submodule(node.target)
-        if node.target in mixing:
-            ly = mixing[node.target]
-            w_size = math.prod(m.weight.shape[2:]) if m.weight.dim() > 2 else 1
-            conns = ly.connection_mask(kept).sum(1).astype(np.int64) * w_size
-            per += np.bincount(ly.out_owner, weights=conns, minlength=n).astype(np.int64)
-            if getattr(m, "bias", None) is not None:
-                per += np.bincount(ly.out_owner, minlength=n).astype(np.int64)
-            counted.update(id(p) for p in m.parameters())
-            continue
         owner = part.owner.get(node.name)
         for p in m.parameters(recurse=False):
             if id(p) in counted:

@@ -64,9 +64,9 @@ def load_into(dm: DiscoModel, path: str | Path, model_name: str | None = None) -
     if set(plain) != set(target) or any(plain[k].shape != target[k].shape for k in plain):
         raise CheckpointError(f"{path}: weights do not fit this model ({ckpt.model['name']})")
     dm.set_kept(ckpt.kept())
-    for name, mod in dm.model.named_modules():
-        if hasattr(mod, "parametrizations"):
-            mod.parametrizations.weight.original.data.copy_(plain.pop(f"{name}.weight"))
+    for ly in dm.partition.layers:
+        mod = dm.model.get_submodule(ly.name)
+        mod.parametrizations[ly.param].original.data.copy_(plain.pop(f"{ly.name}.{ly.param}"))
     missing, unexpected = dm.model.load_state_dict(plain, strict=False)
     bad = [k for k in unexpected]
     if bad:

@@ -8,6 +8,7 @@ the function that the distributed runtime computes.
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import torch
@@ -43,9 +44,9 @@ class DiscoModel(nn.Module):
         self.partition = partition
         for ly in partition.layers:
             m = model.get_submodule(ly.name)
-            if parametrize.is_parametrized(m, "weight"):
-                raise ValueError(f"layer {ly.name} is already parametrized (wrapped twice?)")
-            parametrize.register_parametrization(m, "weight", ColumnMask(torch.ones_like(m.weight)))
+            if parametrize.is_parametrized(m, ly.param):
+                raise ValueError(f"layer {ly.key} is already parametrized (wrapped twice?)")
+            parametrize.register_parametrization(m, ly.param, ColumnMask(torch.ones_like(getattr(m, ly.param))))
         self.kept = partition.all_links()
         self.set_kept(partition.all_links() if kept is None else kept)
 
@@ -57,10 +58,10 @@ class DiscoModel(nn.Module):
         self.kept = kept.copy()
         with torch.no_grad():
             for ly in self.partition.layers:
-                m = self.model.get_submodule(ly.name)
-                mask = m.parametrizations.weight[0].mask
+                view = ly.view(self.model)
+                mask = view.module.parametrizations[ly.param][0].mask
                 oi = torch.from_numpy(ly.connection_mask(kept)).to(mask.device, mask.dtype)
-                mask.copy_(ly.rule.from_oi(m, oi))
+                mask.copy_(ly.rule.from_oi(view, oi))
 
     @property
     def ratio(self) -> float:
@@ -73,10 +74,14 @@ class DiscoModel(nn.Module):
         """The original model's state dict with the masks applied (loadable without disco)."""
         out: dict[str, Tensor] = {}
         for k, v in self.model.state_dict().items():
-            if ".parametrizations.weight.original" in k:
-                path = k.replace(".parametrizations.weight.original", "")
-                out[path + ".weight"] = self.model.get_submodule(path).weight.detach().clone()
-            elif ".parametrizations.weight." not in k:
+            hit = _ORIGINAL.fullmatch(k)
+            if hit:
+                path, param = hit.groups()
+                out[f"{path}.{param}"] = getattr(self.model.get_submodule(path), param).detach().clone()
+            elif ".parametrizations." not in k:
                 out[k] = v
         return out
+
+
+_ORIGINAL = re.compile(r"(.+)\.parametrizations\.(\w+)\.original")
 

@@ -50,7 +50,7 @@ def fit(
     desc: str = "train",
     optimizer: str = "sgd",
 ) -> list[dict[str, float]]:
-    """Train with SGD (momentum 0.9, Nesterov) or Adam (``optimizer="adam"``, betas 0.9/0.99),
+    """Train with SGD (momentum 0.9, Nesterov), Adam (``"adam"``, betas 0.9/0.99) or AdamW (``"adamw"``),
     cosine schedule with warmup.
 
     With ``state_path`` the run checkpoints after every epoch and continues from there
@@ -68,8 +68,10 @@ def fit(
         opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
     elif optimizer == "adam":
         opt = torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.99))
+    elif optimizer == "adamw":  # decoupled weight decay (transformers)
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
     else:
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+        raise ValueError(f"optimizer must be 'sgd', 'adam' or 'adamw', got {optimizer!r}")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(total, int(warmup_epochs * steps_per_epoch)))
     history: list[dict[str, float]] = []
     start_epoch = 0

@@ -103,3 +103,19 @@ try:  # timm is optional: its attention is decomposed when it is installed
 except ImportError:  # pragma: no cover
     pass
 
+
+
+@register_decomposition(nn.MultiheadAttention)
+def _torch_mha(m: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Tensor,
+               key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
+               average_attn_weights: bool = True, is_causal: bool = False) -> tuple[Tensor, None]:
+    """Self-attention through ``nn.MultiheadAttention`` (torchvision's ViT): the fused input
+    projection is ``F.linear`` on ``in_proj_weight`` (a mixing op on a module parameter)."""
+    _require(query is key and key is value, m, "attention with distinct query, key and value inputs")
+    _require(key_padding_mask is None and attn_mask is None and not is_causal, m, "an attention mask")
+    _require(m._qkv_same_embed_dim and m.bias_k is None and not m.add_zero_attn, m,
+             "separate q/k/v projections, bias_k/bias_v or add_zero_attn")
+    x = query if m.batch_first else query.transpose(0, 1)
+    qkv = F.linear(x, m.in_proj_weight, m.in_proj_bias)
+    o = m.out_proj(heads_attention(qkv, m.head_dim, m.head_dim ** -0.5))
+    return (o if m.batch_first else o.transpose(0, 1)), None

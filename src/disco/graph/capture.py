@@ -33,20 +33,38 @@ def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     # optional forward arguments (masks, flags) keep their defaults: the graph has one input
     params = list(inspect.signature(model.forward).parameters.values())[1:]
     concrete = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    from .partition import UnsupportedOpError
+
     try:
         graph = tracer.trace(model, concrete_args=concrete or None)
+    except UnsupportedOpError:  # a decomposition refusing a use it does not cover: already clear
+        raise
     except Exception as e:  # fx raises TraceError and friends for data-dependent control flow
         raise ValueError(
             f"cannot capture {type(model).__name__} as a graph with torch.fx: {e}. "
             "Data-dependent control flow must live inside a leaf module with its own rule."
         ) from e
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    _share_attr_owners(gm, model)
     was_training = model.training
     model.eval()
     with torch.no_grad():
         ShapeProp(gm).propagate(example)
     model.train(was_training)
     return gm
+
+
+def _share_attr_owners(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Make the graph read parameters (``get_attr``) through the modules that own them.
+
+    ``fx.GraphModule`` copies such a parameter onto an empty stand-in module; installing the
+    real owner instead keeps the graph in step with later changes to it, e.g. the masks that
+    parametrize ``in_proj_weight`` of a MultiheadAttention.
+    """
+    for node in gm.graph.nodes:
+        path = node.target.rpartition(".")[0] if node.op == "get_attr" else ""
+        if path and gm.get_submodule(path) is not model.get_submodule(path):
+            gm.set_submodule(path, model.get_submodule(path))
 
 
 def shape_of(node: fx.Node) -> tuple[int, ...] | None:

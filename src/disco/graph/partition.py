@@ -20,7 +20,7 @@ import torch
 from torch import fx, nn
 
 from .capture import capture, shape_of
-from .rules import Mixing, Rule, rule_for, tensor_args
+from .rules import Mixing, Rule, WeightView, rule_for, tensor_args
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +146,20 @@ class MixingLayer:
     col_link: np.ndarray  # [N, I]: link id, LOCAL (own or replicated) or UNREAD
     macs_per_connection: int
     groups: int = 1
+    param: str = "weight"  # the attribute of module ``name`` that holds the weight ...
+    bias: str | None = "bias"  # ... and the bias
 
     LOCAL: int = -1
     UNREAD: int = -2
+
+    @property
+    def key(self) -> str:
+        """A unique name: the module path, plus the parameter when it is not ``weight``."""
+        return self.name if self.param == "weight" else f"{self.name}.{self.param}"
+
+    def view(self, root: nn.Module) -> WeightView:
+        """This layer's weight and bias in ``root`` (the model, or its graph module)."""
+        return WeightView(root.get_submodule(self.name), self.name, self.param, self.bias)
 
     def allowed(self, kept: np.ndarray) -> np.ndarray:
         """[N, I] bool: which input channels node j may read, given the kept links."""
@@ -197,14 +208,16 @@ class Partition:
     links: Links
     link_tensors: list[str]
     rules: dict[str, Rule] = field(repr=False)
+    param_nodes: frozenset[str] = frozenset()  # get_attr nodes that are mixing weights (held by the layer)
 
     @property
     def n_links(self) -> int:
         return len(self.links)
 
     def layer(self, name: str) -> MixingLayer:
+        """The mixing layer with module path or :attr:`MixingLayer.key` ``name``."""
         for ly in self.layers:
-            if ly.name == name:
+            if name in (ly.name, ly.key):
                 return ly
         raise KeyError(name)
 
@@ -216,7 +229,7 @@ class Partition:
             target = re.sub(r" at 0x[0-9a-fA-F]+", "", str(n.target))  # e.g. torch.cat: no process address
             h.update(f"{n.op}|{n.name}|{target}|{shape_of(n)}".encode())
         for ly in self.layers:
-            h.update(ly.name.encode())
+            h.update(ly.key.encode())
             h.update(ly.out_owner.tobytes())
             h.update(ly.col_link.tobytes())
         for arr in (self.links.tensor, self.links.receiver, self.links.channel, self.links.values):
@@ -253,10 +266,15 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
     gm = capture(model, example)
     b = Builder(gm, nodes)
     rules: dict[str, Rule] = {}
+    param_nodes = set()  # weights that mixing ops read from the graph (F.linear on in_proj_weight)
+    for node in gm.graph.nodes:
+        rule = rule_for(node, gm) if node.op.startswith("call_") else None
+        if isinstance(rule, Mixing):
+            param_nodes.update(a.name for a in rule.param_nodes(node))
     for node in gm.graph.nodes:
         shp = shape_of(node)
         if node.op in ("placeholder", "get_attr"):
-            if shp is None:
+            if shp is None or node.name in param_nodes:
                 b.set_static(node)
             else:  # replicated: channels along dim 1 (images), the last dim for B x T x D tokens
                 cd = len(shp) - 1 if (len(shp) == 3 or len(shp) < 2) else 1
@@ -272,7 +290,10 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
             raise UnsupportedOpError(
                 f"no op rule for {describe(node, gm)}; add one with disco.graph.rules.register_*_rule"
             )
-        module = gm.get_submodule(node.target) if node.op == "call_module" else None
+        if isinstance(rule, Mixing):
+            module = rule.weight_view(node, gm)
+        else:
+            module = gm.get_submodule(node.target) if node.op == "call_module" else None
         rule.infer(b, node, module)
         rules[node.name] = b.rule_of.get(node, rule)
 
@@ -312,7 +333,7 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
     part = Partition(
         nodes=nodes, gm=gm, input_shape=tuple(example.shape), owner=owner,
         cdim={n.name: c for n, c in b.cdim.items()}, base=base, base_names=base_names, layers=layers,
-        links=links, link_tensors=link_tensors, rules=rules,
+        links=links, link_tensors=link_tensors, rules=rules, param_nodes=frozenset(param_nodes),
     )
     log.info("partitioned %s over %d nodes: %d mixing layers, %d links", type(model).__name__, nodes,
              len(layers), len(links))
@@ -323,15 +344,15 @@ def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,A
     by_name = {n.name: n for n in gm.graph.nodes}
     raw: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     layer_specs = []
-    seen_modules: set[str] = set()
+    seen_modules: set[tuple[str, str]] = set()
     for node in gm.graph.nodes:
         rule = rules.get(node.name)
         if not isinstance(rule, Mixing):
             continue
-        if node.target in seen_modules:
+        module = rule.weight_view(node, gm)
+        if (module.path, module.param) in seen_modules:
             b.unsupported(node, "is called more than once (shared weights need one mask per call)")
-        seen_modules.add(node.target)
-        module = gm.get_submodule(node.target)
+        seen_modules.add((module.path, module.param))
         x = next(a for a in node.all_input_nodes if b.atoms.get(a) is not None)
         o, i, g = rule.structure(module)
         out_owner = owner[node.name]
@@ -374,7 +395,8 @@ def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,A
         col_link[j_idx, i_idx] = inverse[pos:pos + len(j_idx)]
         pos += len(j_idx)
         layers.append(MixingLayer(
-            name=node.target, node=node.name, rule=rule, input=x.name, out_owner=out_owner, col_link=col_link,
-            macs_per_connection=rule.macs_per_connection(b, node, x, module), groups=g,
+            name=module.path, node=node.name, rule=rule, input=x.name, out_owner=out_owner, col_link=col_link,
+            macs_per_connection=rule.macs_per_connection(b, node, x, module), groups=g, param=module.param,
+            bias=module.bias_name,
         ))
     return layers, links, link_tensors

@@ -337,15 +337,57 @@ class Reduce(Local):
         super().infer(b, node, module)
 
 
+class WeightView:
+    """A mixing op's module seen through the names of its weight and bias.
+
+    ``weight`` and ``bias`` read the module's attributes ``param`` and ``bias_name`` (so a
+    parametrized, masked weight reads masked); every other attribute (``kernel_size``,
+    ``stride``...) is the module's. For a module layer they are ``weight`` and ``bias``; a
+    functional op names the parameters it reads (``in_proj_weight`` of MultiheadAttention).
+    """
+
+    def __init__(self, module: nn.Module, path: str, param: str = "weight", bias_name: str | None = "bias") -> None:
+        self.module, self.path, self.param, self.bias_name = module, path, param, bias_name
+
+    @property
+    def weight(self) -> Tensor:
+        return getattr(self.module, self.param)
+
+    @property
+    def bias(self) -> Tensor | None:
+        return getattr(self.module, self.bias_name, None) if self.bias_name else None
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The stored parameters behind weight and bias (a parametrization's original)."""
+        out = []
+        for name in (self.param, self.bias_name):
+            if name is None or getattr(self.module, name, None) is None:
+                continue
+            pz = getattr(self.module, "parametrizations", {})
+            out.append(pz[name].original if name in pz else getattr(self.module, name))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["module"], name)
+
+
 class Mixing(Rule):
     """An op whose output channels read many input channels through a weight.
 
     The weight is seen as an [out, in] connection matrix (groups give a block
     diagonal); :meth:`to_oi` and :meth:`from_oi` convert between the weight's
-    layout and that matrix.
+    layout and that matrix. Rules and kernels see the op through a :class:`WeightView`.
     """
 
     kind = "mixing"
+
+    def weight_view(self, node: fx.Node, gm: fx.GraphModule) -> WeightView:
+        """The module and parameter names that hold this op's weight and bias."""
+        return WeightView(gm.get_submodule(node.target), node.target)
+
+    def param_nodes(self, node: fx.Node) -> list[fx.Node]:
+        """Graph nodes that are this op's weight or bias (``get_attr``), not feature tensors."""
+        return []
 
     def structure(self, module: nn.Module) -> tuple[int, int, int]:
         """(out channels, in channels, groups)."""
@@ -431,7 +473,8 @@ class LinearRule(Mixing):
     """Linear over the last dim (B x F features, or B x T x D tokens)."""
 
     def structure(self, m: nn.Module) -> tuple[int, int, int]:
-        return m.out_features, m.in_features, 1
+        o, i = m.weight.shape
+        return o, i, 1
 
     def out_cdim(self, b: Builder, node: fx.Node, x: fx.Node) -> int:
         if b.cdim[x] != len(b.shape(x)) - 1:
@@ -448,11 +491,37 @@ class LinearRule(Mixing):
         return mat
 
 
+class FunctionalLinearRule(LinearRule):
+    """``F.linear(x, W, b)`` on parameters of a module (``get_attr`` nodes), e.g. the fused
+    input projection of ``nn.MultiheadAttention`` (``in_proj_weight``, ``in_proj_bias``)."""
+
+    def param_nodes(self, node: fx.Node) -> list[fx.Node]:
+        out = [_arg(node, 1, "weight", None), _arg(node, 2, "bias", None)]
+        return [a for a in out if isinstance(a, fx.Node)]
+
+    def weight_view(self, node: fx.Node, gm: fx.GraphModule) -> WeightView:
+        from .partition import UnsupportedOpError, describe
+
+        w, b = _arg(node, 1, "weight", None), _arg(node, 2, "bias", None)
+        if not isinstance(w, fx.Node) or w.op != "get_attr" or not isinstance(b, fx.Node | None) or (
+                b is not None and b.op != "get_attr"):
+            raise UnsupportedOpError(f"{describe(node, gm)} computes its weight or bias in the graph; "
+                                     "F.linear is supported on module parameters only")
+        path, param = w.target.rpartition(".")[::2]
+        bias_name = None
+        if b is not None:
+            b_path, bias_name = b.target.rpartition(".")[::2]
+            if b_path != path:
+                raise UnsupportedOpError(f"{describe(node, gm)} takes its weight and bias from different modules")
+        return WeightView(gm.get_submodule(path), path, param, bias_name)
+
+
 # ---- the registry --------------------------------------------------------------------------
 
 register_module_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)(ConvRule())
 register_module_rule(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)(ConvTransposeRule())
 register_module_rule(nn.Linear)(LinearRule())
+register_function_rule(F.linear)(FunctionalLinearRule())
 register_module_rule(nn.modules.batchnorm._BatchNorm)(Local(flops=2))
 register_module_rule(
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh,

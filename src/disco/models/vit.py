@@ -8,7 +8,7 @@ from . import register_model
 
 
 @register_model("vit_cifar")
-def vit_cifar(num_classes: int = 10, embed_dim: int = 192, depth: int = 6, num_heads: int = 4,
+def vit_cifar(num_classes: int = 10, embed_dim: int = 128, depth: int = 4, num_heads: int = 4,
               mlp_ratio: float = 2.0) -> nn.Module:
     """64 tokens of 4x4 patches + a class token; 4 heads split evenly over N = 2 or 4 nodes."""
     from timm.models.vision_transformer import VisionTransformer
@@ -21,3 +21,16 @@ def vit_cifar(num_classes: int = 10, embed_dim: int = 192, depth: int = 6, num_h
 def vit_tiny_test(num_classes: int = 10) -> nn.Module:
     """Two blocks, 4 heads of 8 channels: for tests."""
     return vit_cifar(num_classes=num_classes, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
+
+
+@register_model("vit_tv_test")
+def vit_tv_test(num_classes: int = 10) -> nn.Module:
+    """torchvision's VisionTransformer (nn.MultiheadAttention), 2 layers of 12 heads x 4 channels: for tests."""
+    import torch
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(image_size=32, patch_size=4, num_layers=2, num_heads=12, hidden_dim=48, mlp_dim=96,
+                              num_classes=num_classes)
+    if model.heads.head.weight.device.type != "meta":
+        torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts it at zero
+    return model

@@ -39,7 +39,7 @@ class Executor:
     def __init__(self, plan: NodePlan, gm: fx.GraphModule, weights: dict[str, Tensor], transport: Transport) -> None:
         self.plan, self.gm, self.w, self.tr = plan, gm, weights, transport
         self.mods = plan.local_modules(gm, weights)
-        self.mix_modules = {mp.node: gm.get_submodule(mp.layer) for mp in plan.mix.values()}
+        self.mix_modules = {ly.node: ly.view(gm) for ly in plan.part.layers}
         order = {nd.name: k for k, nd in enumerate(plan.nodes)}
         # received views are built lazily by the mixing op that reads them: keep every tensor on the
         # view chain to a mixing op's input alive until that op has run
@@ -207,8 +207,8 @@ class Executor:
             name = nd.name
             if nd.op in ("placeholder", "output"):
                 pass
-            elif nd.op == "get_attr":
-                env[name] = self.w[f"attr.{nd.target}"]
+            elif nd.op == "get_attr":  # a mixing op's own weight is in its blocks, not here
+                env[name] = None if name in plan.part.param_nodes else self.w[f"attr.{nd.target}"]
             elif name in plan.mix:
                 mp = plan.mix[name]
                 env[name] = self._mixing(mp, env[mp.input], renv, pending)

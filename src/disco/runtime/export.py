@@ -48,12 +48,12 @@ def model_hash(gm: nn.Module, part: Partition) -> str:
     """A hash of the weights the partitioned model computes with (masks applied)."""
     h = hashlib.sha256()
     for ly in part.layers:  # masked weights of the mixing layers
-        h.update(ly.name.encode())
-        w = gm.get_submodule(ly.name).weight.detach().contiguous()
+        h.update(ly.key.encode())
+        w = ly.view(gm).weight.detach().contiguous()
         h.update(w.reshape(-1).view(torch.uint8).numpy().tobytes())
-    mixing = {ly.name for ly in part.layers}
+    mixing = {f"{ly.name}.{ly.param}" for ly in part.layers}
     for k, v in sorted(gm.state_dict().items()):
-        if any(k.startswith(m + ".") for m in mixing) and "weight" in k:
+        if k in mixing or ".parametrizations." in k:  # hashed above (masked), or masks
             continue
         h.update(k.encode())
         h.update(v.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())

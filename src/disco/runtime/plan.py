@@ -306,7 +306,7 @@ class NodePlan:
     def _mix_plan(self, ly: Any) -> MixPlan:
         part, j = self.part, self.rank
         node = self.by_name[ly.node]
-        module = part.gm.get_submodule(ly.name)
+        module = ly.view(part.gm)
         o, i, g = ly.rule.structure(module)
         rows = np.nonzero(ly.out_owner == j)[0]
         loc_x, rcv_x = self.local[ly.input], self.recv[ly.input]
@@ -333,8 +333,8 @@ class NodePlan:
         needs = sorted({part.base_names[t] for t in np.unique(bt).tolist()} & set(self.exchanges))
         needs = [t for t in needs if self.exchanges[t].recvs]
         return MixPlan(
-            layer=ly.name, node=ly.node, input=ly.input, out_cdim=part.cdim[ly.node], in_cdim=part.cdim[ly.input],
-            kernel=kernel_for(ly.rule), blocks=blocks, bias=getattr(module, "bias", None) is not None,
+            layer=ly.key, node=ly.node, input=ly.input, out_cdim=part.cdim[ly.node], in_cdim=part.cdim[ly.input],
+            kernel=kernel_for(ly.rule), blocks=blocks, bias=module.bias is not None,
             out_shape=_shape_with(shape_of(node), part.cdim[ly.node], len(rows)), needs=needs,
         )
 
@@ -347,7 +347,7 @@ class NodePlan:
         n_params = 0
         with torch.no_grad():
             for ly in part.layers:
-                m = gm.get_submodule(ly.name)
+                m = ly.view(gm)
                 plan = self.mix[ly.node]
                 w = m.weight.detach()
                 o, i, g = ly.rule.structure(m)
@@ -366,7 +366,7 @@ class NodePlan:
                         out[wl] = plan.kernel.take(m, w, r, lc, k, og, ig).clone()
                         out[wr] = plan.kernel.take(m, w, r, rc, k, og, ig).clone()
                 if plan.bias:
-                    out[f"{ly.name}.bias"] = m.bias.detach()[torch.as_tensor(rows)].clone()
+                    out[f"{ly.key}.bias"] = m.bias.detach()[torch.as_tensor(rows)].clone()
                     n_params += len(rows)
             n_params += sum(t.numel() for k, t in out.items() if not k.endswith(".bias"))
             mixing = {ly.name for ly in part.layers}
@@ -384,7 +384,7 @@ class NodePlan:
                     out[f"{nd.target}.{name}"] = t.clone()
                     n_params += t.numel() if is_param else 0
             for nd in self.nodes:
-                if nd.op == "get_attr":
+                if nd.op == "get_attr" and nd.name not in part.param_nodes:
                     t = _get_attr(gm, nd.target).detach()
                     out[f"attr.{nd.target}"] = t.clone()
                     n_params += t.numel() if isinstance(_get_attr(gm, nd.target), nn.Parameter) else 0

@@ -33,6 +33,7 @@ class SparsifyConfig:
     prune_fraction: float = 0.5  # share of the run during which r goes down
     lr: float | None = None  # None: the task's finetune_lr (0.02 for cifar10)
     weight_decay: float | None = None  # None: the task's weight_decay (5e-4 for cifar10)
+    optimizer: str | None = None  # None: the task's (sgd for cifar10)
     batch_size: int = 128
     distill: float = 0.0  # weight of the distillation loss from the dense model
     every: int = 25  # steps between pruning updates
@@ -70,7 +71,7 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
     wd = cfg.weight_decay if cfg.weight_decay is not None else getattr(task, "weight_decay", 5e-4)
     cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
     hist = fit(dm, train, task.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
-               optimizer=getattr(task, "optimizer", "sgd"),
+               optimizer=cfg.optimizer or getattr(task, "optimizer", "sgd"),
                warmup_epochs=min(0.3, cfg.epochs), state_path=out.with_name(out.name + ".state.pt"),
                teacher=teacher, distill_fn=task.distill, distill_weight=cfg.distill, hook=pruner,
                desc=f"sparsify N={cfg.nodes} r={cfg.ratio}")

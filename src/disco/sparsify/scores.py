@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..graph.partition import MixingLayer
 from ..masks import DiscoModel
 
 
@@ -30,14 +31,14 @@ def _scatter(dm: DiscoModel, per_layer_oi: list[Tensor]) -> np.ndarray:
     return out
 
 
-def _original(dm: DiscoModel, name: str) -> Tensor:
-    return dm.model.get_submodule(name).parametrizations.weight.original
+def _original(dm: DiscoModel, ly: MixingLayer) -> Tensor:
+    return dm.model.get_submodule(ly.name).parametrizations[ly.param].original
 
 
 def magnitude_scores(dm: DiscoModel) -> np.ndarray:
     """L2 norm of the weights each link feeds (unmasked weights: a pruned link scores too)."""
     layers = dm.partition.layers
-    oi = [ly.rule.to_oi(dm.model.get_submodule(ly.name), _original(dm, ly.name).pow(2)) for ly in layers]
+    oi = [ly.rule.to_oi(ly.view(dm.model), _original(dm, ly).pow(2)) for ly in layers]
     return np.sqrt(_scatter(dm, oi))
 
 
@@ -56,9 +57,9 @@ def taylor_scores(
         loss_fn(dm(x), y).backward()
         oi = []
         for ly in layers:
-            w = _original(dm, ly.name)
+            w = _original(dm, ly)
             g = w.grad if w.grad is not None else torch.zeros_like(w)
-            oi.append(ly.rule.to_oi(dm.model.get_submodule(ly.name), (w * g).detach()))
+            oi.append(ly.rule.to_oi(ly.view(dm.model), (w * g).detach()))
         total += np.abs(_scatter(dm, oi))
         n += 1
         if n >= max_batches:
