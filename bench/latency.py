@@ -48,7 +48,16 @@ from disco.runtime.transport import LinkModel  # noqa: E402
 RATIOS = [1.0, 0.2, 0.1, 0.05, 0.0]
 CODECS = ["fp32", "fp16"]
 BANDWIDTHS: list[float | None] = [10, 100, 1000, None]
-SHAPES = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32), "cifar_resnet8": (1, 3, 32, 32)}
+SHAPES = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32), "cifar_resnet8": (1, 3, 32, 32),
+          "deit_small_patch16_224": (1, 3, 224, 224), "rrdbnet": (1, 3, 64, 64)}
+# the task models' settings (``--models deit_small_patch16_224,rrdbnet``): fp32 on the wire, N=2 then N=4;
+# links in ``measured`` are run, links in ``predicted`` get the latency model's prediction only
+TASK_MODELS = {
+    "deit_small_patch16_224": {"ratios": (1.0, 0.2, 0.1), "measured": (100, None), "predicted": (10, 1000)},
+    "rrdbnet": {"ratios": (1.0, 0.1, 0.2, 0.05), "measured": (100, None, 1000), "predicted": (10,)},
+}
+TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2}  # per-node compute traces (default 15)
+STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0}  # first guess (default 5 s)
 LOAD_S = 0.002  # seconds of compute between messages in the loaded ping-pong calibration
 TCP_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps on)
 EXPORTS = Path(tempfile.gettempdir()) / "disco-bench-exports"
@@ -238,7 +247,7 @@ class Prepared:
         if k not in self.traces:
             self.export_dir(r)  # fixes the kept set (a trained checkpoint's, where there is one)
             torch.set_num_threads(1)
-            reps = 5 if self.name == "resnet50" else 15
+            reps = TRACE_REPS.get(self.name, 15)
             self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=2)
             TRACES[tkey] = self.traces[k]
             save_traces()
@@ -401,6 +410,25 @@ def job_list(models: list[str], quick: bool) -> list[dict[str, Any]]:
     return jobs
 
 
+def task_jobs(models: list[str]) -> list[dict[str, Any]]:
+    """The task models' settings (TASK_MODELS), most informative first (a budget cuts from the end):
+    N=2 before N=4, each model's first measured link before its next, predicted-only links last."""
+    jobs = []
+    for n in (2, 4):
+        for k in range(max(len(TASK_MODELS[m]["measured"]) for m in models)):
+            for model in models:
+                spec = TASK_MODELS[model]
+                if k < len(spec["measured"]):
+                    bw = spec["measured"][k]
+                    jobs += [dict(model=model, nodes=n, r=r, codec="fp32", bw=bw,
+                                  shaping="pacing" if bw is not None else None) for r in spec["ratios"]]
+    for model in models:
+        for n in (2, 4):
+            jobs += [dict(model=model, nodes=n, r=r, codec="fp32", bw=bw, shaping="pacing", predict_only=True)
+                     for bw in TASK_MODELS[model]["predicted"] for r in TASK_MODELS[model]["ratios"]]
+    return jobs
+
+
 class Sweep:
     def __init__(self, out: Path, budget_s: float, quick: bool, fresh: bool, tc: bool) -> None:
         self.out, self.quick, self.fresh = out, quick, fresh
@@ -492,14 +520,14 @@ class Sweep:
              None if job["nodes"] == 1 else job["r"], job["codec"], job["bw"], job["shaping"])
         if self.have(k):
             return
-        if job["shaping"] == "tc" and self.tc_error:
+        if (job["shaping"] == "tc" and self.tc_error) or job.get("predict_only"):
             return
         wait_idle(self.deadline)
         pred = self.predict(job, delay)
         pms = pred["predicted_ms"]
         long = pms > 10_000
         iters, warmup = (3, 1) if long else (20, 1 if pms > 1000 else 3)
-        startup = float(np.median(self.startup_s.get(job["model"], [15.0 if job["model"] == "resnet50" else 5.0])))
+        startup = float(np.median(self.startup_s.get(job["model"], [STARTUP_S.get(job["model"], 5.0)])))
         est = startup + (iters + warmup) * pms / 1e3 * 1.3 + 5
         if est > self.left() - 60:  # keep a minute for the predicted-only entries and the outputs
             print(f"skip (budget): {k} needs ~{est:.0f} s, {self.left():.0f} s left", flush=True)
@@ -648,6 +676,32 @@ def headlines(entries: list[dict[str, Any]], big: str = "resnet50") -> list[str]
             out.append(f"- {model}, unshaped, N=1: the runtime takes {rt['latency_ms_median']:.2f} ms vs plain "
                        f"PyTorch {one['latency_ms_median']:.2f} ms: "
                        f"**{(rt['latency_ms_median'] / one['latency_ms_median'] - 1) * 100:+.0f}%**")
+    gains = []
+    for model in TASK_MODELS:
+        for n in (2, 4):
+            d = get(model=model, mode="dense", nodes=n, codec="fp32", bandwidth_mbit=100, shaping="pacing")
+            for r in TASK_MODELS[model]["ratios"][1:]:
+                s = get(model=model, mode="disco", nodes=n, ratio_target=r, codec="fp32", bandwidth_mbit=100,
+                        shaping="pacing")
+                if d and s:
+                    gains.append((d["latency_ms_median"] / s["latency_ms_median"], model, n, r, d, s))
+    for g, model, n, r, d, s in sorted(gains, key=lambda t: (t[1], t[2], -t[3])):
+        out.append(f"- {model}, N={n}, 100 Mbit/s, fp32: DISCO r={r:g} {s['latency_ms_median']:.0f} ms vs dense "
+                   f"{d['latency_ms_median']:.0f} ms: **{g:.2f}x faster** (model predicts "
+                   f"{d['predicted_ms'] / s['predicted_ms']:.2f}x)")
+    by_task = {}
+    for g, model, n, r, _, _ in gains:
+        if r == 0.1 and n == 2:
+            by_task[model] = g
+    big_d = get(model=big, mode="dense", nodes=2, codec="fp32", bandwidth_mbit=100, shaping="pacing")
+    big_s = get(model=big, mode="disco", nodes=2, ratio_target=0.1, codec="fp32", bandwidth_mbit=100,
+                shaping="pacing")
+    if big_d and big_s:
+        by_task[big] = big_d["latency_ms_median"] / big_s["latency_ms_median"]
+    if len(by_task) > 1:
+        best = max(by_task, key=by_task.get)
+        listing = ", ".join(f"{m} {g:.2f}x" for m, g in sorted(by_task.items(), key=lambda t: -t[1]))
+        out.append(f"- largest gain over dense at N=2, r=0.1, 100 Mbit/s, fp32: **{best}** ({listing})")
     ratios = [e["latency_ms_median"] / e["predicted_ms"] for e in entries
               if e.get("latency_ms_median") and e.get("predicted_ms")]
     if ratios:
@@ -859,8 +913,9 @@ def main() -> None:
         models = ["cifar_resnet8"] if a.quick else [m for m in a.models.split(",") if m]
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         sweep = Sweep(out, a.budget_minutes * 60, a.quick, a.fresh, not a.no_tc)
+        jobs = task_jobs(models) if set(models) <= set(TASK_MODELS) else job_list(models, a.quick)
         try:
-            sweep.run(job_list(models, a.quick), models)
+            sweep.run(jobs, models)
         finally:
             with contextlib.suppress(Exception):
                 netns_cleanup()

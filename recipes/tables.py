@@ -62,7 +62,7 @@ def pts_epochs(entries: list[dict]) -> int:
     return min(e["epochs"] for e in entries if e["nodes"] > 1)
 
 
-def plot_cifar10(entries: list[dict], path: Path) -> None:
+def plot_cifar10(entries: list[dict], path: Path, title: str = "CIFAR ResNet-20") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,11 +86,33 @@ def plot_cifar10(entries: list[dict], path: Path) -> None:
     ax.axhline(dense["top1"], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
     ax.set_ylabel("CIFAR-10 top-1 (%)")
-    ax.set_title("CIFAR ResNet-20: accuracy vs communication")
+    ax.set_title(f"{title}: accuracy vs communication")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot_cifar10_vit(entries: list[dict], path: Path) -> None:
+    plot_cifar10(entries, path, title="CIFAR ViT (patch 4)")
+
+
+def cifar10_vit_summary(entries: list[dict]) -> str:
+    """The transformer issue's success checks, computed from the JSON."""
+    by = {e["name"]: e for e in entries}
+    d = by["dense"]["top1"]
+    lines = []
+    for name in ("n2_r0.2", "n4_r0.2"):
+        if name in by:
+            e = by[name]
+            sep = by.get(f"n{e['nodes']}_r0")
+            vs_sep = f", separated branches {sep['top1']:.2f} ({e['top1'] - sep['top1']:+.2f})" if sep else ""
+            lines.append(f"- N={e['nodes']}, r=0.2 ({e['epochs']} fine-tuning epochs): top-1 {e['top1']:.2f}, "
+                         f"{e['top1'] - d:+.2f} points vs dense ({d:.2f}){vs_sep}.")
+            if e.get("stats_bytes") is not None and e["bytes"]:
+                lines.append(f"  LayerNorm statistics: {e['stats_bytes'] / 1e3:.1f} KB per image, "
+                             f"{e['stats_bytes'] / e['bytes']:.1%} of the {e['bytes'] / 1e3:.1f} KB of feature links.")
+    return "\n".join(lines)
 
 
 def sr_rrdbnet(entries: list[dict]) -> str:
@@ -172,6 +194,8 @@ def latency_headline(data: dict | list) -> str:
 TABLES = {
     "cifar10_resnet": ("cifar10_resnet", cifar10_resnet, plot_cifar10),
     "cifar10_summary": ("cifar10_resnet", cifar10_summary, None),
+    "cifar10_vit": ("cifar10_vit", cifar10_resnet, plot_cifar10_vit),
+    "cifar10_vit_summary": ("cifar10_vit", cifar10_vit_summary, None),
     "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet, plot_sr),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }

@@ -9,20 +9,19 @@ from disco.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "cifar10_resnet.json"
+CLASSIFICATION = [RESULTS, ROOT / "results" / "cifar10_vit.json"]
 
 
 def _committed():
-    if not RESULTS.is_file():
-        return []
-    return [e for e in json.loads(RESULTS.read_text()) if e.get("checkpoint")]
+    return [e for f in CLASSIFICATION if f.is_file() for e in json.loads(f.read_text()) if e.get("checkpoint")]
 
 
 @pytest.mark.data
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", _committed(), ids=lambda e: e["name"])
+@pytest.mark.parametrize("entry", _committed(), ids=lambda e: f"{e['model']}-{e['name']}")
 def test_committed_checkpoint_reproduces_top1(entry, cifar_dir, capsys):
     ckpt = ROOT / entry["checkpoint"]
-    assert ckpt.is_file(), f"{ckpt} is named in {RESULTS} but missing"
+    assert ckpt.is_file(), f"{ckpt} is named in results/ but missing"
     assert main(["eval", str(ckpt), "--data", str(cifar_dir), "--json"]) == 0
     got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert abs(got["top1"] - entry["top1"]) <= 0.1
@@ -30,10 +29,11 @@ def test_committed_checkpoint_reproduces_top1(entry, cifar_dir, capsys):
         assert abs(got["ratio"] - entry["ratio"]) < 1e-9
 
 
-def test_results_entries_have_the_required_fields():
-    if not RESULTS.is_file():
-        pytest.skip("results/cifar10_resnet.json not produced yet (python recipes/cifar10/run.py)")
-    for e in json.loads(RESULTS.read_text()):
+@pytest.mark.parametrize("results", CLASSIFICATION, ids=lambda p: p.stem)
+def test_results_entries_have_the_required_fields(results):
+    if not results.is_file():
+        pytest.skip(f"results/{results.name} not produced yet (python recipes/cifar10/run.py)")
+    for e in json.loads(results.read_text()):
         for k in ("nodes", "ratio", "budget", "selection", "top1", "bytes", "flops_total", "params_per_node",
                   "checkpoint"):
             assert k in e, f"{e.get('name')}: missing {k}"

@@ -18,9 +18,9 @@ timm = pytest.importorskip("timm")
 
 # (model, input, N values the head count allows); timm models at 64x64 (16 patches) to stay fast
 CASES = [
-    ("deit_tiny_patch16_224", (1, 3, 64, 64), [3]),  # 3 heads
+    ("deit_tiny_patch16_224", (1, 3, 64, 64), [2, 3]),  # 3 heads: over 2 nodes as 2 + 1
     ("deit_tiny_distilled_patch16_224", (1, 3, 64, 64), [3]),
-    ("deit_small_patch16_224", (1, 3, 64, 64), [2, 3]),  # 6 heads
+    ("deit_small_patch16_224", (1, 3, 64, 64), [2, 3, 4]),  # 6 heads: over 4 nodes as 2 + 2 + 1 + 1
     ("vit_tiny_test", (2, 3, 32, 32), [2, 4]),  # 4 heads
     ("vit_b_16", (1, 3, 64, 64), [2, 3, 4]),  # torchvision, nn.MultiheadAttention, 12 heads
 ]
@@ -75,10 +75,18 @@ def test_heads_stay_whole_and_qkv_share_links():
                                                       part.links.channel]), axis=1).T)
 
 
-@pytest.mark.parametrize("name,n,heads", [("deit_tiny_patch16_224", 2, 3), ("deit_small_patch16_224", 4, 6)])
-def test_head_count_not_divisible_is_a_clear_error(name, n, heads):
-    with pytest.raises(UnsupportedOpError, match=f"has {heads} attention heads.*N={n}"):
-        partition(_build(name, (1, 3, 64, 64)), (1, 3, 64, 64), n)
+@pytest.mark.parametrize("name,n,heads", [("deit_tiny_patch16_224", 4, 3), ("vit_tiny_test", 5, 4)])
+def test_fewer_heads_than_nodes_is_a_clear_error(name, n, heads):
+    with pytest.raises(UnsupportedOpError, match=f"has {heads} attention heads, fewer than N={n}"):
+        partition(_build(name, (1, 3, 64, 64) if name.startswith("deit") else (1, 3, 32, 32)), (1, 3, 64, 64)
+                  if name.startswith("deit") else (1, 3, 32, 32), n)
+
+
+def test_uneven_heads_stay_whole():
+    part = partition(_build("deit_small_patch16_224", (1, 3, 64, 64)), (1, 3, 64, 64), 4)
+    own = part.layer("blocks.0.attn.qkv").out_owner.reshape(3, 6, 64)
+    assert (own == own[0:1]).all() and (own == own[:, :, :1]).all()
+    assert own[0, :, 0].tolist() == [0, 0, 1, 1, 2, 3]
 
 
 def test_multihead_attention_projection_is_one_mixing_op_on_in_proj_weight():
@@ -133,6 +141,21 @@ def test_runtime_invariants_and_layernorm_statistics(n):
     assert sum(t.payload_bytes for t in trs) == rep.bytes
     # 5 LayerNorms (2 per block + final) x 65 tokens x (mean, M2) x N x (N-1) x 4 bytes
     assert sum(t.stats_bytes for t in trs) == rep.stats_bytes == 5 * 65 * 2 * n * (n - 1) * 4
+
+
+def test_runtime_with_uneven_heads():
+    """deit_tiny (3 heads) over 2 nodes: 2 + 1 heads; invariants 2 and 3 hold."""
+    torch.manual_seed(0)
+    model = _build("deit_tiny_patch16_224", (1, 3, 64, 64))
+    x = torch.randn(1, 3, 64, 64)
+    part = partition(model, x, 2)
+    kept = np.random.default_rng(2).random(part.n_links) < 0.2
+    dm = DiscoModel(model, part, kept).eval()
+    with torch.no_grad():
+        ref = dm(x)
+    out, trs = simulate(part, kept, x, timeout=20)
+    assert _rel(out, ref) < 1e-4
+    assert sum(t.payload_bytes for t in trs) == estimate(part, kept).bytes
 
 
 def test_vit_cost_counts_attention_and_stats():

@@ -128,7 +128,8 @@ def main() -> None:
         entries.append({
             "name": r["name"], "model": args.model, "nodes": r["nodes"], "ratio": r["ratio"],
             "target_ratio": r["target_ratio"], "budget": r["budget"], "selection": r["selection"],
-            "top1": r["top1"], "bytes": r["bytes"], "dense_bytes": r["dense_bytes"], "flops_total": r["flops_total"],
+            "top1": r["top1"], "bytes": r["bytes"], "dense_bytes": r["dense_bytes"],
+            "stats_bytes": r.get("stats_bytes"), "flops_total": r["flops_total"],
             "flops_dense": r["flops_dense"], "params_per_node": r["params_per_node"],
             "params_dense": r["params_dense"], "epochs": r.get("epochs", args.epochs), "distill": args.distill,
             "checkpoint": None,

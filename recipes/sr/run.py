@@ -67,7 +67,7 @@ def main() -> None:
                    help="where the dense and N=2 r=0.1 checkpoints are copied (committed)")
     p.add_argument("--model", default="rrdbnet_tiny")
     p.add_argument("--dense-epochs", type=int, default=300, help="36 steps each at batch 16")
-    p.add_argument("--epochs", type=int, default=30, help="fine-tuning epochs of every DISCO run")
+    p.add_argument("--epochs", type=int, default=20, help="fine-tuning epochs of every DISCO run")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3, help="dense Adam learning rate (cosine to 0)")
     p.add_argument("--ft-lr", type=float, default=5e-4, help="DISCO fine-tuning Adam learning rate")

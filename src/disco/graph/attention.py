@@ -11,6 +11,7 @@ alike, because they are one Linear. The original module still runs in the DISCO 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch import Tensor, fx, nn
 
 from .rules import Local, _arg, register_function_rule, tensor_args
 
+log = logging.getLogger(__name__)
 _DECOMPOSITIONS: dict[type, Callable[..., Any]] = {}
 
 
@@ -65,9 +67,11 @@ class HeadsRule(Local):
         a = b.atoms[x]
         c = len(a) // 3
         heads = c // hd
-        if b.nodes > 1 and heads % b.nodes:
-            b.unsupported(node, f"has {heads} attention heads, which cannot be split evenly over N={b.nodes} nodes "
-                                f"(use N dividing {heads})")
+        if heads < b.nodes:
+            b.unsupported(node, f"has {heads} attention heads, fewer than N={b.nodes} nodes (a head is not split; "
+                                f"use N <= {heads})")
+        if heads % b.nodes:  # whole heads, balanced: e.g. 6 heads over 4 nodes as 2, 2, 1, 1
+            log.info("%s: %d heads over %d nodes: uneven head counts per node", node.name, heads, b.nodes)
         per_head = a.reshape(3, heads, hd).transpose(1, 0, 2).reshape(heads, 3 * hd)  # [head, its 3*hd atoms]
         for k in range(1, 3 * hd):
             b.couple_atoms(per_head[:, 0], per_head[:, k])

@@ -82,8 +82,9 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
     result = {
         "nodes": cfg.nodes, "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
         "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
-        "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "flops_total": rep.flops_total,
-        "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node, "params_dense": rep.params_dense,
+        "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
+        "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
+        "params_dense": rep.params_dense,
     }
     save_disco(dm, out, ckpt.model, task=task.name,
                info={"metrics": metrics, "history": hist, "config": asdict(cfg), "dense": str(dense)},
