@@ -138,6 +138,26 @@ def sr_rrdbnet(entries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def sr_summary(entries: list[dict]) -> str:
+    """The super-resolution issue's success checks, computed from the JSON."""
+    by = {e["name"]: e for e in entries}
+    dense = by["dense"]
+    d5, b5 = dense["psnr_set5"], dense["bicubic_psnr_set5"]
+    lines = []
+    if "n2_r0.1" in by:
+        e, sep = by["n2_r0.1"], by.get("n2_r0")
+        vs_sep = f"; separated branches {sep['psnr_set5']:.2f} dB ({e['psnr_set5'] - sep['psnr_set5']:+.2f})" if sep \
+            else ""
+        lines.append(f"- N=2, r=0.1: Set5 {e['psnr_set5']:.2f} dB, {e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f})"
+                     f"{vs_sep}.")
+    disco = [e for e in entries if e["nodes"] > 1 and e["ratio"] > 0]
+    if disco:
+        worst = min(disco, key=lambda e: e["psnr_set5"])
+        lines.append(f"- Every DISCO model vs bicubic on Set5 ({b5:.2f} dB): the lowest, {worst['name']}, is "
+                     f"{worst['psnr_set5'] - b5:+.2f} dB above; dense is {d5 - b5:+.2f} dB above.")
+    return "\n".join(lines)
+
+
 def plot_sr(entries: list[dict], path: Path) -> None:
     """PSNR against communication ratio, Set5 and Set14, with dense and bicubic as lines."""
     import matplotlib
@@ -197,6 +217,7 @@ TABLES = {
     "cifar10_vit": ("cifar10_vit", cifar10_resnet, plot_cifar10_vit),
     "cifar10_vit_summary": ("cifar10_vit", cifar10_vit_summary, None),
     "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet, plot_sr),
+    "sr_summary": ("sr_rrdbnet", sr_summary, None),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 
