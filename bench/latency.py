@@ -49,15 +49,18 @@ RATIOS = [1.0, 0.2, 0.1, 0.05, 0.0]
 CODECS = ["fp32", "fp16"]
 BANDWIDTHS: list[float | None] = [10, 100, 1000, None]
 SHAPES = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32), "cifar_resnet8": (1, 3, 32, 32),
-          "deit_small_patch16_224": (1, 3, 224, 224), "rrdbnet": (1, 3, 64, 64)}
+          "deit_small_patch16_224": (1, 3, 224, 224), "rrdbnet": (1, 3, 64, 64),
+          "deeplabv3plus_resnet50": (1, 3, 512, 512)}
 # the task models' settings (``--models deit_small_patch16_224,rrdbnet``): fp32 on the wire, N=2 then N=4;
 # links in ``measured`` are run, links in ``predicted`` get the latency model's prediction only
 TASK_MODELS = {
     "deit_small_patch16_224": {"ratios": (1.0, 0.2, 0.1), "measured": (100, None), "predicted": (10, 1000)},
     "rrdbnet": {"ratios": (1.0, 0.1, 0.2, 0.05), "measured": (100, None, 1000), "predicted": (10,)},
+    "deeplabv3plus_resnet50": {"ratios": (1.0, 0.1, 0.2, 0.05), "measured": (100, None), "predicted": (10, 1000)},
 }
-TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2}  # per-node compute traces (default 15)
-STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0}  # first guess (default 5 s)
+# repetitions of the per-node compute traces (default 15) and the first guess of a run's start-up (default 5 s)
+TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2, "deeplabv3plus_resnet50": 2}
+STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0, "deeplabv3plus_resnet50": 30.0}
 LOAD_S = 0.002  # seconds of compute between messages in the loaded ping-pong calibration
 TCP_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps on)
 EXPORTS = Path(tempfile.gettempdir()) / "disco-bench-exports"

@@ -118,20 +118,20 @@ def cifar10_vit_summary(entries: list[dict]) -> str:
 def sr_rrdbnet(entries: list[dict]) -> str:
     """Super-resolution x4: PSNR/SSIM (Y, shaved) per set, bicubic and dense first."""
     dense = next(e for e in entries if e["name"] == "dense")
-    rows = ["| run | N | r (achieved) | Set5 PSNR (dB) | vs dense | Set5 SSIM | Set14 PSNR | BSD100 PSNR | "
-            "KB moved / 24x24 LR input | FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 11]
+    rows = ["| run | N | epochs | r (achieved) | Set5 PSNR (dB) | vs dense | Set5 SSIM | Set14 PSNR | BSD100 PSNR | "
+            "KB moved / 24x24 LR input | FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 12]
     b5 = dense["bicubic_psnr_set5"]
-    rows.append(f"| bicubic | - | - | {b5:.2f} | {b5 - dense['psnr_set5']:+.2f} "
+    rows.append(f"| bicubic | - | - | - | {b5:.2f} | {b5 - dense['psnr_set5']:+.2f} "
                 f"| {dense['bicubic_ssim_set5']:.4f} | {dense['bicubic_psnr_set14']:.2f} | "
                 f"{dense['bicubic_psnr_bsd100']:.2f} | - | - | - |")
     for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
         if e["name"] == "dense":
-            rows.append(f"| dense (one device) | 1 | 1 | {e['psnr_set5']:.2f} | - | {e['ssim_set5']:.4f} | "
-                        f"{e['psnr_set14']:.2f} | {e['psnr_bsd100']:.2f} | - | 1.00 | 1.00 |")
+            rows.append(f"| dense (one device) | 1 | {e['epochs']} | 1 | {e['psnr_set5']:.2f} | - "
+                        f"| {e['ssim_set5']:.4f} | {e['psnr_set14']:.2f} | {e['psnr_bsd100']:.2f} | - | 1.00 | 1.00 |")
             continue
         w = max(e["params_per_node"]) / e["params_dense"]
         rows.append(
-            f"| {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['psnr_set5']:.2f} | "
+            f"| {e['name']} | {e['nodes']} | {e['epochs']} | {e['ratio']:.3f} | {e['psnr_set5']:.2f} | "
             f"{e['psnr_set5'] - dense['psnr_set5']:+.2f} | {e['ssim_set5']:.4f} | {e['psnr_set14']:.2f} | "
             f"{e['psnr_bsd100']:.2f} | {e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f}) | "
             f"{e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
@@ -144,12 +144,12 @@ def sr_summary(entries: list[dict]) -> str:
     dense = by["dense"]
     d5, b5 = dense["psnr_set5"], dense["bicubic_psnr_set5"]
     lines = []
-    if "n2_r0.1" in by:
-        e, sep = by["n2_r0.1"], by.get("n2_r0")
+    for e in [by[k] for k in ("n2_r0.1", "n2_r0.1_ft60") if k in by]:
+        sep = by.get("n2_r0")
         vs_sep = f"; separated branches {sep['psnr_set5']:.2f} dB ({e['psnr_set5'] - sep['psnr_set5']:+.2f})" if sep \
             else ""
-        lines.append(f"- N=2, r=0.1: Set5 {e['psnr_set5']:.2f} dB, {e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f})"
-                     f"{vs_sep}.")
+        lines.append(f"- N=2, r=0.1, {e['epochs']} fine-tuning epochs: Set5 {e['psnr_set5']:.2f} dB, "
+                     f"{e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f}){vs_sep}.")
     disco = [e for e in entries if e["nodes"] > 1 and e["ratio"] > 0]
     if disco:
         worst = min(disco, key=lambda e: e["psnr_set5"])
@@ -169,9 +169,14 @@ def plot_sr(entries: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, s in zip(axes, ("set5", "set14"), strict=True):
         for n, marker in ((2, "o"), (4, "s")):
-            pts = sorted((e["ratio"], e[f"psnr_{s}"]) for e in entries if e["nodes"] == n)
+            pts = sorted((e["ratio"], e[f"psnr_{s}"]) for e in entries
+                         if e["nodes"] == n and e["epochs"] == pts_epochs(entries))
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
+        for e in entries:
+            if e["nodes"] > 1 and e["epochs"] != pts_epochs(entries):
+                ax.scatter([e["ratio"]], [e[f"psnr_{s}"]], marker="*", s=80, zorder=3,
+                           label=f"N={e['nodes']}, {e['epochs']} fine-tuning epochs")
         ax.axhline(dense[f"psnr_{s}"], color="k", ls="--", lw=1, label="dense, one device")
         ax.axhline(dense[f"bicubic_psnr_{s}"], color="gray", ls=":", lw=1, label="bicubic")
         ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
@@ -179,6 +184,74 @@ def plot_sr(entries: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{dense['model']}, x4 super-resolution: PSNR vs communication")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def seg_deeplabv3plus(entries: list[dict]) -> str:
+    """Segmentation: mIoU and pixel accuracy, then IoU per class (where communication matters)."""
+    dense = next(e for e in entries if e["name"] == "dense")
+    classes = list(dense["per_class_iou"])
+    rows = ["| run | N | r (achieved) | mIoU % | vs dense | pixel acc. % | KB moved / image | FLOPs vs dense | "
+            "weights / node vs whole |", "|" + "---|" * 9]
+    order = sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"]))
+    for e in order:
+        if e["name"] == "dense":
+            rows.append(f"| dense (one device) | 1 | 1 | {e['miou']:.2f} | - | {e['pixel_acc']:.2f} | - | 1.00 "
+                        "| 1.00 |")
+            continue
+        w = max(e["params_per_node"]) / e["params_dense"]
+        rows.append(f"| {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['miou']:.2f} | "
+                    f"{e['miou'] - dense['miou']:+.2f} | {e['pixel_acc']:.2f} | {e['bytes'] / 1e3:.1f} (dense "
+                    f"{e['dense_bytes'] / 1e3:.1f}) | {e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
+    rows += ["", "IoU per class (%):", "", "| run | " + " | ".join(classes) + " |", "|" + "---|" * (len(classes) + 1)]
+    for e in order:
+        iou = e["per_class_iou"]
+        rows.append(f"| {e['name']} | " + " | ".join("-" if iou.get(c) is None else f"{iou[c]:.1f}" for c in classes)
+                    + " |")
+    return "\n".join(rows)
+
+
+def seg_summary(entries: list[dict]) -> str:
+    """The segmentation issue's success checks and where communication matters, from the JSON."""
+    by = {e["name"]: e for e in entries}
+    d = by["dense"]
+    lines = []
+    if "n2_r0.1" in by:
+        e, sep = by["n2_r0.1"], by.get("n2_r0")
+        vs_sep = f"; separated branches {sep['miou']:.2f} ({e['miou'] - sep['miou']:+.2f})" if sep else ""
+        lines.append(f"- N=2, r=0.1: mIoU {e['miou']:.2f}, {e['miou'] - d['miou']:+.2f} points vs dense "
+                     f"({d['miou']:.2f}){vs_sep}.")
+        if sep:
+            gap = {c: (e["per_class_iou"][c] or 0) - (sep["per_class_iou"][c] or 0) for c in d["per_class_iou"]
+                   if d["per_class_iou"][c] is not None}
+            top = sorted(gap, key=gap.get, reverse=True)
+            lines.append("- Where communication matters (IoU of N=2 r=0.1 minus separated branches): "
+                         + ", ".join(f"{c} {gap[c]:+.1f}" for c in top[:4]) + "; least: "
+                         + ", ".join(f"{c} {gap[c]:+.1f}" for c in top[-3:]) + ".")
+    return "\n".join(lines)
+
+
+def plot_seg(entries: list[dict], path: Path) -> None:
+    """mIoU against communication ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dense = next(e for e in entries if e["name"] == "dense")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n, marker in ((2, "o"), (4, "s")):
+        pts = sorted((e["ratio"], e["miou"]) for e in entries if e["nodes"] == n)
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
+    ax.axhline(dense["miou"], color="k", ls="--", lw=1, label="dense, one device")
+    ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
+    ax.set_ylabel("CamVid test mIoU (%)")
+    ax.set_title(f"{dense['model']}: mIoU vs communication")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -218,6 +291,8 @@ TABLES = {
     "cifar10_vit_summary": ("cifar10_vit", cifar10_vit_summary, None),
     "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet, plot_sr),
     "sr_summary": ("sr_rrdbnet", sr_summary, None),
+    "seg_deeplabv3plus": ("seg_deeplabv3plus", seg_deeplabv3plus, plot_seg),
+    "seg_summary": ("seg_deeplabv3plus", seg_summary, None),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 
