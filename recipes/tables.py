@@ -153,8 +153,9 @@ def sr_summary(entries: list[dict]) -> str:
     disco = [e for e in entries if e["nodes"] > 1 and e["ratio"] > 0]
     if disco:
         worst = min(disco, key=lambda e: e["psnr_set5"])
-        lines.append(f"- Every DISCO model vs bicubic on Set5 ({b5:.2f} dB): the lowest, {worst['name']}, is "
-                     f"{worst['psnr_set5'] - b5:+.2f} dB above; dense is {d5 - b5:+.2f} dB above.")
+        above = sum(e["psnr_set5"] > b5 for e in disco)
+        lines.append(f"- DISCO models above bicubic on Set5 ({b5:.2f} dB): {above} of {len(disco)}; the lowest, "
+                     f"{worst['name']}, is {worst['psnr_set5'] - b5:+.2f} dB vs bicubic (dense {d5 - b5:+.2f} dB).")
     return "\n".join(lines)
 
 

@@ -246,3 +246,23 @@ def test_rrdbnet_partition_fingerprint_is_stable_across_processes():
     other = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
     here = partition(build_model("rrdbnet_tiny"), (1, 3, 24, 24), 2).fingerprint()
     assert other.stdout.strip() == here
+
+
+def _committed_sr():
+    f = Path(__file__).resolve().parents[1] / "results" / "sr_rrdbnet.json"
+    return [e for e in json.loads(f.read_text()) if e.get("checkpoint")] if f.is_file() else []
+
+
+@pytest.mark.data
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", _committed_sr(), ids=lambda e: e["name"])
+def test_committed_sr_checkpoint_reproduces_psnr(entry, shared_sr, capsys):
+    """The committed SR checkpoints give the PSNR that results/sr_rrdbnet.json (and the README) report."""
+    from disco.cli import main
+
+    ckpt = Path(__file__).resolve().parents[1] / entry["checkpoint"]
+    assert ckpt.is_file(), f"{ckpt} is named in results/sr_rrdbnet.json but missing"
+    assert main(["eval", str(ckpt), "--data", str(shared_sr), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for k in ("psnr_set5", "psnr_set14", "psnr_bsd100"):
+        assert abs(got[k] - entry[k]) <= 0.01, k
