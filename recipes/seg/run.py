@@ -119,7 +119,9 @@ def main() -> None:
 
     todo = [r for r in RUNS if not args.only or r[0] in args.only]
     with ThreadPoolExecutor(args.workers) as pool:
-        done = list(pool.map(one, todo))
+        list(pool.map(one, todo))
+    # the JSON holds every finished run, also those of earlier invocations (``--only`` adds to it)
+    done = [json.loads((runs / f"{r[0]}.json").read_text()) for r in RUNS if (runs / f"{r[0]}.json").is_file()]
 
     shape = [int(v) for v in INPUT_SHAPE.split(",")]
     entries = [{
