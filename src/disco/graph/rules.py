@@ -336,6 +336,60 @@ class Reduce(Local):
             b.unsupported(node, "normalises over more than the channel dim")
         super().infer(b, node, module)
 
+    def partial(self, x: Tensor, cdim: int) -> Tensor:
+        """This node's per-position statistics over its own channels, ``stats`` of them on a new last dim."""
+        if x.shape[cdim]:
+            mean = x.mean(cdim)
+            m2 = (x - mean.unsqueeze(cdim)).pow(2).sum(cdim)
+        else:
+            mean = m2 = torch.zeros(x.shape[:cdim] + x.shape[cdim + 1:], dtype=x.dtype)
+        return torch.stack([mean, m2], -1)
+
+    def finish(self, module: nn.Module | None, node: fx.Node, x: Tensor, cdim: int, parts: Tensor,
+               counts: Tensor) -> Tensor:
+        """The op on this node's channels ``x`` from every node's statistics ``parts`` [N, ..., stats]
+        and channel counts ``counts`` [N]: LayerNorm combines (mean, M2) by Chan et al."""
+        n = counts.view(-1, *([1] * (parts.dim() - 2)))
+        total = counts.sum()
+        g_mean = (parts[..., 0] * n).sum(0) / total
+        g_m2 = (parts[..., 1] + n * (parts[..., 0] - g_mean).pow(2)).sum(0)
+        y = (x - g_mean.unsqueeze(cdim)) / torch.sqrt(g_m2.unsqueeze(cdim) / total + module.eps)
+        if getattr(module, "weight", None) is not None:
+            y = y * module.weight
+        if getattr(module, "bias", None) is not None:
+            y = y + module.bias
+        return y
+
+
+class L2NormRule(Reduce):
+    """``x / max(||x||_2, eps)`` over the channel dim (``F.normalize(x, dim=cdim)``, or a module with
+    ``eps`` and an optional per-channel ``weight``, e.g. SSD's L2Norm): one statistic per position,
+    the sum of squares of the node's own channels."""
+
+    stats = 1
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        p, dim = (_arg(node, 1, "p", 2.0), _arg(node, 2, "dim", 1)) if module is None else (2, module.dim)
+        if p != 2 or dim % len(b.shape(x)) != b.cdim[x]:
+            b.unsupported(node, "normalises other than the L2 norm over the channel dim")
+        Local.infer(self, b, node, module)
+
+    def partial(self, x: Tensor, cdim: int) -> Tensor:
+        return x.pow(2).sum(cdim).unsqueeze(-1)
+
+    def finish(self, module: nn.Module | None, node: fx.Node, x: Tensor, cdim: int, parts: Tensor,
+               counts: Tensor) -> Tensor:
+        eps = module.eps if module is not None else _arg(node, 3, "eps", 1e-12)
+        norm = parts[..., 0].sum(0).sqrt().clamp_min(eps).unsqueeze(cdim)
+        y = x / norm
+        w = getattr(module, "weight", None)
+        if w is not None:
+            shape = [1] * y.dim()
+            shape[cdim] = -1
+            y = y * w.view(shape)
+        return y
+
 
 class WeightView:
     """A mixing op's module seen through the names of its weight and bias.
@@ -554,6 +608,7 @@ register_function_rule(F.dropout, F.dropout2d)(View())
 register_function_rule(getattr, torch._assert, fx._symbolic_trace._assert_is_none)(Static())
 register_function_rule(operator.getitem)(GetItem())
 register_module_rule(nn.LayerNorm)(Reduce(flops=5))
+register_function_rule(F.normalize)(L2NormRule(flops=3))
 register_function_rule(torch.transpose)(Transpose())
 register_method_rule("transpose", "permute")(Transpose())
 register_method_rule("expand")(Local(flops=0))

@@ -88,4 +88,4 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     log.info("loaded weights from %s", path)
 
 
-from . import cifar_resnet, deeplab, rrdbnet, vit  # noqa: E402,F401  (registers the project models)
+from . import cifar_resnet, deeplab, rrdbnet, ssd, vit  # noqa: E402,F401  (registers the project models)

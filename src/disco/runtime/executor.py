@@ -143,36 +143,23 @@ class Executor:
         return out
 
     def _reduce(self, nd: fx.Node, x: Tensor) -> Tensor:
-        """LayerNorm over channels split across nodes, exact: every node sends its per-position
-        (mean, M2) over its own channels to every other node and combines them (Chan et al.)."""
+        """A channel reduction (LayerNorm, L2 norm) over channels split across nodes, exact: every node
+        sends its per-position statistics over its own channels to every other node; the rule combines them."""
         plan, tr = self.plan, self.tr
-        mod = self.mods.get(nd.name) or self.gm.get_submodule(nd.target)
+        rule = plan.part.rules[nd.name]
+        mod = (self.mods.get(nd.name) or self.gm.get_submodule(nd.target)) if nd.op == "call_module" else None
         cdim = plan.part.cdim[nd.name]
         owner = plan.part.owner[nd.name]
         counts = torch.as_tensor(np.bincount(owner, minlength=plan.part.nodes), dtype=x.dtype)
         tag = self.stats_tags[nd.name]
-        if x.shape[cdim]:
-            mean = x.mean(cdim)
-            m2 = (x - mean.unsqueeze(cdim)).pow(2).sum(cdim)
-        else:
-            mean = m2 = torch.zeros(x.shape[:cdim] + x.shape[cdim + 1:], dtype=x.dtype)
-        mine = torch.stack([mean, m2], -1)
+        mine = rule.partial(x, cdim)
         handles = {j: tr.recv(tag, j, tuple(mine.shape), coded=False) for j in range(plan.part.nodes)
                    if j != plan.rank}
         for j in handles:
             tr.send(tag, j, mine, coded=False, stats=True)
         parts = {plan.rank: mine, **{j: h.wait() for j, h in handles.items()}}
-        st = torch.stack([parts[j] for j in range(plan.part.nodes)])  # [N, ..., 2]
-        n = counts.view(-1, *([1] * (st.dim() - 2)))
-        total = counts.sum()
-        g_mean = (st[..., 0] * n).sum(0) / total
-        g_m2 = (st[..., 1] + n * (st[..., 0] - g_mean).pow(2)).sum(0)
-        y = (x - g_mean.unsqueeze(cdim)) / torch.sqrt(g_m2.unsqueeze(cdim) / total + mod.eps)
-        if getattr(mod, "weight", None) is not None:
-            y = y * mod.weight
-        if getattr(mod, "bias", None) is not None:
-            y = y + mod.bias
-        return y
+        st = torch.stack([parts[j] for j in range(plan.part.nodes)])  # [N, ..., stats]
+        return rule.finish(mod, nd, x, cdim, st, counts)
 
     # ---- one inference --------------------------------------------------------------------
 

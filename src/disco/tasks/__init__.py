@@ -32,4 +32,4 @@ def get_task(name: str) -> Task:
     return _TASKS[name]()
 
 
-from . import classification, seg, sr  # noqa: E402,F401
+from . import classification, det, seg, sr  # noqa: E402,F401

@@ -1,0 +1,174 @@
+"""Object detection with a split SSD: dense, then DISCO at N=2 and N=4, on the generated set and coco128.
+
+Every step is resumable (each run checkpoints per epoch; a finished run is skipped). Results go to
+results/det_ssd.json (``map`` = COCO mAP@[.5:.95], ``map50`` = mAP@.5, in percent), the picture of
+detections to results/det_ssd.png.
+
+    python recipes/det/run.py --data ../shared/data     # DATA holds cifar10/, imagenette224/, coco128/
+
+* generated set (CIFAR-10 objects on Imagenette backgrounds, 128x128, 4000 train / 500 test
+  images, generated into the cache on first use): ``ssd_tiny_split``, dense, then N=2 with
+  r in {0.5, 0.2, 0.1, 0.05, 0} and N=4 with r in {0.1, 0} (global byte budget, magnitude links,
+  distillation from the dense model on the head outputs);
+* coco128 (real COCO 2017 images; trained and evaluated on the same 128 images, the customary use
+  of that set): dense and N=2 r=0.1, at 320x320.
+
+Smoke run (tiny, into a scratch folder, nothing under results/):
+
+    python recipes/det/run.py --limit 16 --dense-epochs 1 --epochs 1 --coco-dense-epochs 1 --coco-epochs 1 \\
+        --batch-size 8 --runs /tmp/det/runs --results /tmp/det/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# (name, nodes, ratio); r = 0: separated branches
+RUNS = [
+    ("n2_r0.5", 2, 0.5),
+    ("n2_r0.2", 2, 0.2),
+    ("n2_r0.1", 2, 0.1),
+    ("n2_r0.05", 2, 0.05),
+    ("n2_r0", 2, 0.0),
+    ("n4_r0.1", 4, 0.1),
+    ("n4_r0", 4, 0.0),
+]
+COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
+METRICS = ("map", "map50", "post_ms", "model_ms", "n")
+
+
+def disco(*args: str, threads: int | None) -> dict:
+    """Run one ``disco`` command (echoed with ``+``) and return its last JSON line."""
+    cmd = [sys.executable, "-m", "disco.cli", *args, *(["--threads", str(threads)] if threads else [])]
+    print("+", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def cached(path: Path, fn, source: Path | None = None) -> dict:  # noqa: ANN001
+    """``fn()``'s result, stored in ``path`` so that a rerun skips it (unless ``source`` is newer)."""
+    if path.is_file() and (source is None or path.stat().st_mtime >= source.stat().st_mtime):
+        return json.loads(path.read_text())
+    res = fn()
+    path.write_text(json.dumps(res))
+    return res
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"),
+                   help="folder holding cifar10/ and imagenette224/ (and coco128/ unless --coco is given)")
+    p.add_argument("--coco", help="COCO folder of the coco128 part (default DATA/coco128; '' skips it)")
+    p.add_argument("--runs", default=str(ROOT / "runs" / "det"))
+    p.add_argument("--results", default=str(ROOT / "results"))
+    p.add_argument("--model", default="ssd_tiny_split")
+    p.add_argument("--dense-epochs", type=int, default=30, help="125 steps each at batch 32")
+    p.add_argument("--epochs", type=int, default=10, help="fine-tuning epochs of every DISCO run")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3, help="dense AdamW learning rate (cosine to 0)")
+    p.add_argument("--ft-lr", type=float, default=5e-4, help="DISCO fine-tuning AdamW learning rate")
+    p.add_argument("--distill", type=float, default=0.5, help="weight of distillation from the dense model")
+    p.add_argument("--coco-model", default="ssd_tiny_split", help="model of the coco128 runs (320x320 input)")
+    p.add_argument("--coco-dense-epochs", type=int, default=80, help="8 steps each at batch 16")
+    p.add_argument("--coco-epochs", type=int, default=40)
+    p.add_argument("--coco-batch-size", type=int, default=16)
+    p.add_argument("--limit", type=int, help="images per split (smoke runs)")
+    p.add_argument("--threads", type=int, default=2, help="threads of the dense runs")
+    p.add_argument("--workers", type=int, default=2, help="DISCO runs in parallel (one thread each)")
+    p.add_argument("--only", nargs="*", help="run only these DISCO names (e.g. n2_r0.1)")
+    args = p.parse_args()
+    runs, results = Path(args.runs), Path(args.results)
+    runs.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    lim = ["--limit", str(args.limit)] if args.limit else []
+    coco = str(Path(args.data) / "coco128") if args.coco is None else args.coco
+    shape = "1,3,128,128"
+
+    def dense_run(task: str, data: str, model: str, epochs: int, bs: int, out: Path) -> dict:
+        if not out.is_file():
+            disco("train", "--task", task, "--data", data, "--model", model, "--epochs", str(epochs),
+                  "--batch-size", str(bs), "--lr", str(args.lr), *lim, "--out", str(out), threads=args.threads)
+        return cached(out.with_suffix(".json"), lambda: disco("eval", str(out), "--data", data, "--json", *lim,
+                                                              threads=args.threads), source=out)
+
+    def one(task: str, data: str, dense: Path, spec: tuple, epochs: int, bs: int) -> dict:
+        name, nodes, ratio = spec
+        out, res_file = runs / f"{name}.safetensors", runs / f"{name}.json"
+        if out.is_file() and res_file.is_file():
+            return json.loads(res_file.read_text())
+        res = disco("sparsify", str(dense), "--data", data, "--nodes", str(nodes), "--ratio", str(ratio),
+                    "--budget", "global", "--selection", "magnitude", "--epochs", str(epochs),
+                    "--batch-size", str(bs), "--lr", str(args.ft_lr), "--distill", str(args.distill),
+                    *lim, "--out", str(out), threads=1)
+        res.update(name=name, epochs=epochs, task=task)
+        res_file.write_text(json.dumps(res))
+        return res
+
+    dense = runs / "dense.safetensors"
+    dense_eval = dense_run("det_generated", args.data, args.model, args.dense_epochs, args.batch_size, dense)
+    dense_cost = cached(runs / "dense_cost.json", lambda: disco(
+        "cost", args.model, "--nodes", "2", "--input-shape", shape, "--json", threads=None))
+    todo = [r for r in RUNS if not args.only or r[0] in args.only]
+    with ThreadPoolExecutor(args.workers) as pool:
+        done = list(pool.map(lambda s: one("det_generated", args.data, dense, s, args.epochs, args.batch_size), todo))
+
+    entries = [_dense_entry("dense", args.model, "generated", dense_eval, dense_cost, shape, args.dense_epochs)]
+    entries += [_entry(r, args.model, "generated", shape, args.distill) for r in done]
+
+    if coco:
+        cdense = runs / "coco128_dense.safetensors"
+        cshape = "1,3,320,320"
+        ceval = dense_run("det_coco128", coco, args.coco_model, args.coco_dense_epochs, args.coco_batch_size, cdense)
+        ccost = cached(runs / "coco128_dense_cost.json", lambda: disco(
+            "cost", args.coco_model, "--nodes", "2", "--input-shape", cshape, "--json", threads=None))
+        entries.append(_dense_entry("coco128_dense", args.coco_model, "coco128", ceval, ccost, cshape,
+                                    args.coco_dense_epochs))
+        for s in COCO_RUNS:
+            r = one("det_coco128", coco, cdense, s, args.coco_epochs, args.coco_batch_size)
+            entries.append(_entry(r, args.coco_model, "coco128", cshape, args.distill))
+    out = results / "det_ssd.json"
+    out.write_text(json.dumps(entries, indent=1) + "\n")
+    print(f"wrote {out}")
+
+    if all((runs / f"{n}.safetensors").is_file() for n in ("n2_r0.1", "n2_r0")):
+        from picture import make_picture
+
+        pic = make_picture(runs, args.data, results / "det_ssd.png")
+        print(f"wrote {pic}")
+
+
+def _shape(s: str) -> list[int]:
+    return [int(v) for v in s.split(",")]
+
+
+def _dense_entry(name: str, model: str, dataset: str, ev: dict, cost: dict, shape: str, epochs: int) -> dict:
+    return {
+        "name": name, "model": model, "dataset": dataset, "eval_on_train": dataset == "coco128", "nodes": 1,
+        "ratio": 1.0, "budget": None, "selection": "dense", **{k: ev[k] for k in METRICS if k in ev},
+        "bytes": 0, "dense_bytes_n2": cost["dense_bytes"], "flops_total": cost["flops_dense"],
+        "params_per_node": [cost["params_dense"]], "input_shape": _shape(shape), "epochs": epochs,
+        "checkpoint": None,
+    }
+
+
+def _entry(r: dict, model: str, dataset: str, shape: str, distill: float) -> dict:
+    return {
+        "name": r["name"], "model": model, "dataset": dataset, "eval_on_train": dataset == "coco128",
+        "nodes": r["nodes"], "ratio": r["ratio"], "target_ratio": r["target_ratio"], "budget": r["budget"],
+        "selection": r["selection"], **{k: r[k] for k in METRICS if k in r}, "bytes": r["bytes"],
+        "dense_bytes": r["dense_bytes"], "stats_bytes": r.get("stats_bytes", 0), "flops_total": r["flops_total"],
+        "flops_dense": r["flops_dense"], "params_per_node": r["params_per_node"], "params_dense": r["params_dense"],
+        "input_shape": _shape(shape), "epochs": r.get("epochs"), "distill": distill, "checkpoint": None,
+    }
+
+
+if __name__ == "__main__":
+    main()
