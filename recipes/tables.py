@@ -258,6 +258,49 @@ def plot_seg(entries: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def det_ssd(entries: list[dict]) -> str:
+    """Detection: COCO mAP@[.5:.95] and mAP@.5 per run, the generated set first, then coco128."""
+    rows = ["| data | run | N | r (achieved) | mAP | mAP@.5 | vs dense (mAP) | leader post-processing ms | "
+            "KB moved / image | FLOPs vs dense |", "|" + "---|" * 10]
+    for ds in ("generated", "coco128"):
+        sel = [e for e in entries if e["dataset"] == ds]
+        dense = next((e for e in sel if e["nodes"] == 1), None)
+        for e in sorted(sel, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
+            note = " (evaluated on its training images)" if e.get("eval_on_train") else ""
+            vs = "-" if dense is None or e is dense else f"{e['map'] - dense['map']:+.2f}"
+            moved = "-" if e["nodes"] == 1 else f"{e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f})"
+            fl = "1.00" if e["nodes"] == 1 else f"{e['flops_total'] / e['flops_dense']:.2f}"
+            post = "-" if e.get("post_ms") is None else f"{e['post_ms']:.1f}"
+            rows.append(f"| {ds}{note} | {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['map']:.2f} | "
+                        f"{e['map50']:.2f} | {vs} | {post} | {moved} | {fl} |")
+    return "\n".join(rows)
+
+
+def plot_det(entries: list[dict], path: Path) -> None:
+    """mAP against communication ratio on the generated set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sel = [e for e in entries if e["dataset"] == "generated"]
+    dense = next(e for e in sel if e["nodes"] == 1)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n, marker in ((2, "o"), (4, "s")):
+        pts = sorted((e["ratio"], e["map"]) for e in sel if e["nodes"] == n)
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
+    ax.axhline(dense["map"], color="k", ls="--", lw=1, label="dense, one device")
+    ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
+    ax.set_ylabel("COCO mAP@[.5:.95] (generated test split)")
+    ax.set_title(f"{dense['model']}: mAP vs communication")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def latency_headline(data: dict | list) -> str:
     """ResNet-50 and the CIFAR model at N=2 and N=4: latency per link, measured beside predicted."""
     entries = data["entries"] if isinstance(data, dict) else data
@@ -294,6 +337,7 @@ TABLES = {
     "sr_summary": ("sr_rrdbnet", sr_summary, None),
     "seg_deeplabv3plus": ("seg_deeplabv3plus", seg_deeplabv3plus, plot_seg),
     "seg_summary": ("seg_deeplabv3plus", seg_summary, None),
+    "det_ssd": ("det_ssd", det_ssd, plot_det),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 

@@ -118,7 +118,9 @@ def main() -> None:
         "cost", args.model, "--nodes", "2", "--input-shape", shape, "--json", threads=None))
     todo = [r for r in RUNS if not args.only or r[0] in args.only]
     with ThreadPoolExecutor(args.workers) as pool:
-        done = list(pool.map(lambda s: one("det_generated", args.data, dense, s, args.epochs, args.batch_size), todo))
+        list(pool.map(lambda s: one("det_generated", args.data, dense, s, args.epochs, args.batch_size), todo))
+    # the JSON holds every finished run, also those of earlier invocations (``--only`` adds to it)
+    done = [json.loads((runs / f"{r[0]}.json").read_text()) for r in RUNS if (runs / f"{r[0]}.json").is_file()]
 
     entries = [_dense_entry("dense", args.model, "generated", dense_eval, dense_cost, shape, args.dense_epochs)]
     entries += [_entry(r, args.model, "generated", shape, args.distill) for r in done]
