@@ -158,6 +158,16 @@ def test_runtime_with_uneven_heads():
     assert sum(t.payload_bytes for t in trs) == estimate(part, kept).bytes
 
 
+def test_latency_trace_covers_layernorm_statistics():
+    """The latency model's trace transport takes the statistics messages of channel reductions too."""
+    from disco.runtime.latency import trace_plan
+
+    x = torch.randn(1, 3, 32, 32)
+    part = partition(build_model("vit_tiny_test").eval(), x, 2)
+    progs = trace_plan(part, None, x, reps=1, warmup=0)
+    assert len(progs) == 2 and all(progs)
+
+
 def test_vit_cost_counts_attention_and_stats():
     part = partition(build_model("deit_small_patch16_224"), (1, 3, 224, 224), 2)
     rep = estimate(part)

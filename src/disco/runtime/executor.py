@@ -26,7 +26,8 @@ class Transport(Protocol):
 
     rank: int
 
-    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True) -> None: ...
+    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True,
+             stats: bool = False) -> None: ...
 
     def recv(self, tag: int, src: int, shape: tuple[int, ...], coded: bool = True) -> Handle: ...
 

@@ -73,7 +73,8 @@ class TraceTransport:
         self.cdims = cdims or {}
         self.events: list[tuple] = []
 
-    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True) -> None:
+    def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True,
+             stats: bool = False) -> None:
         cdim = self.cdims.get(tag, 1 if t.dim() > 1 else 0)
         buf = (self.codec if coded else self.raw).encode(t, cdim)  # the encode cost is part of compute
         self.events.append((time.perf_counter(), "s", dst, tag, int(buf.numel())))
