@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import disco  # noqa: E402
+
 ASSETS = ROOT / "src" / "disco" / "assets"
 
 # (name, nodes, ratio, budget, selection[, fine-tuning epochs if not --epochs])
@@ -61,13 +63,6 @@ PROFILES = {
         "sparsify": ["--optimizer", "adamw", "--lr", "5e-4", "--wd", "0.05"],
     },
 }
-def disco(*args: str, threads: int) -> dict:
-    cmd = [sys.executable, "-m", "disco.cli", *args, "--threads", str(threads)]
-    print("+", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10"))

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import cached, disco  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (name, nodes, ratio); r = 0: separated branches
@@ -43,23 +45,6 @@ RUNS = [
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
-
-
-def disco(*args: str, threads: int | None) -> dict:
-    """Run one ``disco`` command (echoed with ``+``) and return its last JSON line."""
-    cmd = [sys.executable, "-m", "disco.cli", *args, *(["--threads", str(threads)] if threads else [])]
-    print("+", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def cached(path: Path, fn, source: Path | None = None) -> dict:  # noqa: ANN001
-    """``fn()``'s result, stored in ``path`` so that a rerun skips it (unless ``source`` is newer)."""
-    if path.is_file() and (source is None or path.stat().st_mtime >= source.stat().st_mtime):
-        return json.loads(path.read_text())
-    res = fn()
-    path.write_text(json.dumps(res))
-    return res
 
 
 def main() -> None:

@@ -18,12 +18,14 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import cached, disco  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (name, nodes, ratio); all with the global byte budget and magnitude selection (r = 0: separated branches)
@@ -39,23 +41,6 @@ RUNS = [
 COMMITTED = {"dense": "deeplabv3plus_tiny_camvid_dense.safetensors",
              "n2_r0.1": "deeplabv3plus_tiny_camvid_n2_r0.1.safetensors"}
 INPUT_SHAPE = "1,3,180,240"  # the task's partition shape: one 240x180 evaluation input
-
-
-def disco(*args: str, threads: int | None) -> dict:
-    """Run one ``disco`` command (echoed with ``+``) and return its last JSON line."""
-    cmd = [sys.executable, "-m", "disco.cli", *args, *(["--threads", str(threads)] if threads else [])]
-    print("+", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def cached(path: Path, fn, source: Path | None = None) -> dict:  # noqa: ANN001
-    """``fn()``'s result, stored in ``path`` so that a rerun skips it (unless ``source`` is newer)."""
-    if path.is_file() and (source is None or path.stat().st_mtime >= source.stat().st_mtime):
-        return json.loads(path.read_text())
-    res = fn()
-    path.write_text(json.dumps(res))
-    return res
 
 
 def metrics_of(res: dict) -> dict:

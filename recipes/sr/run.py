@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import cached, disco  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (name, nodes, ratio[, fine-tuning epochs if not --epochs]); all with the global byte budget and
@@ -41,23 +43,6 @@ RUNS = [
 ]
 COMMITTED = {"dense": "rrdbnet_tiny_x4_dense.safetensors", "n2_r0.1": "rrdbnet_tiny_x4_n2_r0.1.safetensors"}
 METRICS = ("psnr_set5", "psnr_set14", "psnr_bsd100", "ssim_set5", "ssim_set14", "ssim_bsd100")
-
-
-def disco(*args: str, threads: int | None) -> dict:
-    """Run one ``disco`` command (echoed with ``+``) and return its last JSON line."""
-    cmd = [sys.executable, "-m", "disco.cli", *args, *(["--threads", str(threads)] if threads else [])]
-    print("+", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def cached(path: Path, fn, source: Path | None = None) -> dict:  # noqa: ANN001
-    """``fn()``'s result, stored in ``path`` so that a rerun skips it (unless ``source`` is newer)."""
-    if path.is_file() and (source is None or path.stat().st_mtime >= source.stat().st_mtime):
-        return json.loads(path.read_text())
-    res = fn()
-    path.write_text(json.dumps(res))
-    return res
 
 
 def main() -> None:
