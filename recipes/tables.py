@@ -234,28 +234,32 @@ def seg_summary(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_seg(entries: list[dict], path: Path) -> None:
-    """mIoU against communication ratio."""
+def _plot_vs_ratio(entries: list[dict], metric: str, ylabel: str, path: Path) -> None:
+    """``metric`` against communication ratio: one line per N, the dense model as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dense = next(e for e in entries if e["name"] == "dense")
+    dense = next(e for e in entries if e["nodes"] == 1)
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, marker in ((2, "o"), (4, "s")):
-        pts = sorted((e["ratio"], e["miou"]) for e in entries if e["nodes"] == n)
+        pts = sorted((e["ratio"], e[metric]) for e in entries if e["nodes"] == n)
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
-    ax.axhline(dense["miou"], color="k", ls="--", lw=1, label="dense, one device")
+    ax.axhline(dense[metric], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
-    ax.set_ylabel("CamVid test mIoU (%)")
-    ax.set_title(f"{dense['model']}: mIoU vs communication")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{dense['model']}: {metric} vs communication")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_seg(entries: list[dict], path: Path) -> None:
+    _plot_vs_ratio(entries, "miou", "CamVid test mIoU (%)", path)
 
 
 def det_ssd(entries: list[dict]) -> str:
@@ -278,27 +282,8 @@ def det_ssd(entries: list[dict]) -> str:
 
 def plot_det(entries: list[dict], path: Path) -> None:
     """mAP against communication ratio on the generated set."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sel = [e for e in entries if e["dataset"] == "generated"]
-    dense = next(e for e in sel if e["nodes"] == 1)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for n, marker in ((2, "o"), (4, "s")):
-        pts = sorted((e["ratio"], e["map"]) for e in sel if e["nodes"] == n)
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
-    ax.axhline(dense["map"], color="k", ls="--", lw=1, label="dense, one device")
-    ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
-    ax.set_ylabel("COCO mAP@[.5:.95] (generated test split)")
-    ax.set_title(f"{dense['model']}: mAP vs communication")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _plot_vs_ratio([e for e in entries if e["dataset"] == "generated"], "map",
+                   "COCO mAP@[.5:.95] (generated test split)", path)
 
 
 def latency_headline(data: dict | list) -> str:
