@@ -50,17 +50,20 @@ CODECS = ["fp32", "fp16"]
 BANDWIDTHS: list[float | None] = [10, 100, 1000, None]
 SHAPES = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32), "cifar_resnet8": (1, 3, 32, 32),
           "deit_small_patch16_224": (1, 3, 224, 224), "rrdbnet": (1, 3, 64, 64),
-          "deeplabv3plus_resnet50": (1, 3, 512, 512)}
+          "deeplabv3plus_resnet50": (1, 3, 512, 512), "ssd300_vgg16_split": (1, 3, 300, 300)}
 # the task models' settings (``--models deit_small_patch16_224,rrdbnet``): fp32 on the wire, N=2 then N=4;
 # links in ``measured`` are run, links in ``predicted`` get the latency model's prediction only
 TASK_MODELS = {
     "deit_small_patch16_224": {"ratios": (1.0, 0.2, 0.1), "measured": (100, None), "predicted": (10, 1000)},
     "rrdbnet": {"ratios": (1.0, 0.1, 0.2, 0.05), "measured": (100, None, 1000), "predicted": (10,)},
     "deeplabv3plus_resnet50": {"ratios": (1.0, 0.1, 0.2, 0.05), "measured": (100, None), "predicted": (10, 1000)},
+    "ssd300_vgg16_split": {"ratios": (1.0, 0.1, 0.2, 0.05), "measured": (100, None), "predicted": (10, 1000)},
 }
 # repetitions of the per-node compute traces (default 15) and the first guess of a run's start-up (default 5 s)
-TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2, "deeplabv3plus_resnet50": 2}
-STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0, "deeplabv3plus_resnet50": 30.0}
+TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2, "deeplabv3plus_resnet50": 2,
+              "ssd300_vgg16_split": 2}
+STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0, "deeplabv3plus_resnet50": 30.0,
+             "ssd300_vgg16_split": 30.0}
 LOAD_S = 0.002  # seconds of compute between messages in the loaded ping-pong calibration
 TCP_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps on)
 EXPORTS = Path(tempfile.gettempdir()) / "disco-bench-exports"
@@ -169,9 +172,28 @@ def single_main(name: str) -> None:
             model(x)
             ts.append(time.perf_counter() - t0)
     n_params = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"latency_ms_median": float(np.median(ts) * 1e3), "n_timed": iters,
+    extra = {}
+    post = _post_processor(model)
+    if post is not None:  # a detector: the leader's decoding + NMS after the gather, timed alone
+        with torch.no_grad():
+            out = model(x)
+            pts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                post.detect(out, tuple(x.shape[-2:]))
+                pts.append(time.perf_counter() - t0)
+        extra["post_ms"] = float(np.median(pts) * 1e3)
+    print(json.dumps({**extra, "latency_ms_median": float(np.median(ts) * 1e3), "n_timed": iters,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "weight_bytes": n_params * 4, "params": n_params}))
+
+
+def _post_processor(model: torch.nn.Module) -> Any:
+    """The leader's post-processing of a split detector (None for other models)."""
+    from disco.models.ssd import SSDPost, spec_of
+
+    spec = spec_of(model)
+    return None if spec is None else SSDPost(spec)
 
 
 def run_single(name: str) -> dict[str, Any]:
@@ -495,6 +517,8 @@ class Sweep:
              "latency_ms_median": s["latency_ms_median"], "predicted_ms": None, "bytes_sent_total": 0,
              "peak_rss_mb_per_node": [s["peak_rss_mb"]], "weight_bytes_per_node": [s["weight_bytes"]],
              "params_per_node": [s["params"]], "n_timed": s["n_timed"], "runtime": "plain PyTorch, 1 thread"}
+        if "post_ms" in s:
+            e["post_ms"] = s["post_ms"]
         self.put(e)
         print(f"{name:15s} single        N=1  measured {e['latency_ms_median']:9.2f} ms", flush=True)
 
@@ -705,6 +729,18 @@ def headlines(entries: list[dict[str, Any]], big: str = "resnet50") -> list[str]
         best = max(by_task, key=by_task.get)
         listing = ", ".join(f"{m} {g:.2f}x" for m, g in sorted(by_task.items(), key=lambda t: -t[1]))
         out.append(f"- largest gain over dense at N=2, r=0.1, 100 Mbit/s, fp32: **{best}** ({listing})")
+    for model in sorted({e["model"] for e in entries}):
+        one = get(model=model, mode="single", nodes=1)
+        if one is None or one.get("post_ms") is None:
+            continue
+        for n, r in ((2, 0.1), (4, 0.1)):
+            s = get(model=model, mode="disco", nodes=n, ratio_target=r, codec="fp32", bandwidth_mbit=100,
+                    shaping="pacing")
+            if s:
+                p, t = one["post_ms"], s["latency_ms_median"]
+                out.append(f"- {model}, leader's post-processing (box decoding + NMS, 1 thread, random weights): "
+                           f"{p:.1f} ms = **{100 * p / (t + p):.1f}%** of N={n} DISCO r={r:g} at 100 Mbit/s "
+                           f"({t:.0f} ms + {p:.1f} ms)")
     ratios = [e["latency_ms_median"] / e["predicted_ms"] for e in entries
               if e.get("latency_ms_median") and e.get("predicted_ms")]
     if ratios:

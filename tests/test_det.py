@@ -330,3 +330,27 @@ def test_loader_batches_flip_and_drop_a_last_batch_of_one() -> None:
     assert len(train) == len(batches) == 2 and all(x.shape == (2, 3, 32, 32) for x, _ in batches)
     boxes = torch.cat([t["boxes"] for _, ts in batches for t in ts])
     assert {tuple(b) for b in boxes.tolist()} <= {(2.0, 4.0, 10.0, 20.0), (22.0, 4.0, 30.0, 20.0)}
+
+
+@pytest.mark.dist
+def test_disco_run_checks_the_per_level_outputs_against_the_export(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """`disco run` without --input compares every head output with the single-process model's (stored by export)."""
+    from safetensors.torch import load_file
+
+    from disco.cli import main
+    from disco.runtime.export import compare_reference
+
+    model, part, kept, x = _setup("ssd_tiny_split", 2)
+    dm = DiscoModel(model, part, kept)
+    export(dm, part, kept, tmp_path, {"name": "ssd_tiny_split", "kwargs": {"num_classes": 5}})
+    ref = load_file(str(tmp_path / "reference.safetensors"))
+    assert sorted(ref) == ["input"] + [f"output.{i}" for i in range(10)]
+    x = ref.pop("input")
+    with torch.no_grad():
+        assert compare_reference(dm(x), ref) == 0.0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path), "--nodes", "2", "--iters", "2", "--warmup", "0", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["max_rel_err_vs_single_process"] is not None and r["max_rel_err_vs_single_process"] < 1e-4
+    assert r["bytes_sent_total"] == r["bytes_predicted"]

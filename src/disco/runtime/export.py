@@ -60,6 +60,25 @@ def model_hash(gm: nn.Module, part: Partition) -> str:
     return h.hexdigest()[:32]
 
 
+def reference_outputs(out: Any) -> dict[str, Tensor]:
+    """The model output as named tensors for reference.safetensors: ``output`` for one tensor, else
+    ``output.0``, ``output.1``, ... in pytree order (a detector's per-level head outputs)."""
+    leaves = torch.utils._pytree.tree_leaves(out)
+    if isinstance(out, Tensor):
+        return {"output": out.detach().contiguous()}
+    if not leaves or not all(isinstance(t, Tensor) for t in leaves):
+        raise TypeError(f"model output {type(out).__name__} holds non-tensor leaves; cannot store a reference")
+    return {f"output.{i}": t.detach().contiguous() for i, t in enumerate(leaves)}
+
+
+def compare_reference(out: Any, ref: dict[str, Tensor]) -> float:
+    """Largest relative error (max |a-b| / max |b|) of ``out`` against :func:`reference_outputs` tensors."""
+    got = reference_outputs(out)
+    if got.keys() != ref.keys():
+        raise ValueError(f"output has tensors {sorted(got)}, the reference {sorted(ref)}")
+    return max(float((got[k] - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-30)) for k in ref)
+
+
 def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: str | Path,
            model_spec: dict[str, Any], codec: str = "fp32", probe: Tensor | None = None,
            info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -103,9 +122,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         probe = torch.randn(part.input_shape, generator=g)
     with torch.no_grad():
         ref = gm(probe)
-    if isinstance(ref, Tensor):
-        save_file({"input": probe.contiguous(), "output": ref.detach().contiguous()},
-                  str(out / "reference.safetensors"))
+    save_file({"input": probe.contiguous(), **reference_outputs(ref)}, str(out / "reference.safetensors"))
     manifest = {
         "format": FORMAT, "version": VERSION, "model": model_spec, "model_hash": mhash, "nodes": part.nodes,
         "input_shape": list(part.input_shape), "input_dtype": "float32", "fingerprint": fp,

@@ -107,8 +107,8 @@ def _wait_keys(store: Any, keys: list[str], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _load_input(path: str | None, man: dict[str, Any], d: Path) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The input tensor and, for the export's probe, the single-process reference output."""
+def _load_input(path: str | None, man: dict[str, Any], d: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    """The input tensor and, for the export's probe, the single-process reference outputs (by name)."""
     from safetensors.torch import load_file
 
     ref = None
@@ -117,7 +117,8 @@ def _load_input(path: str | None, man: dict[str, Any], d: Path) -> tuple[torch.T
         if not f.is_file():
             raise NodeError(f"{d} has no reference.safetensors; pass --input")
         t = load_file(str(f))
-        x, ref = t["input"], t["output"]
+        x = t.pop("input")
+        ref = t
     elif path.endswith(".safetensors"):
         t = load_file(path)
         x = t.get("input", next(iter(t.values())))
@@ -230,7 +231,7 @@ def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     from .executor import Executor
-    from .export import load_node, read_manifest
+    from .export import compare_reference, load_node, read_manifest
     from .transport import DistTransport, LinkModel, PeerError, get_codec, parse_bandwidth, parse_latency
 
     rank = args.rank if args.rank is not None else _env_int("RANK", None)
@@ -340,8 +341,8 @@ def run_node(args: argparse.Namespace) -> dict[str, Any] | None:
         all_stats = [json.loads(store.get(f"stats/{r}")) for r in range(world)]
         timed = lat[args.warmup:] or lat
         err = None
-        if ref is not None and isinstance(first, torch.Tensor):
-            err = float((first - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+        if ref is not None:
+            err = compare_reference(first, ref)
         bpv = codec.bytes_per_value
         report = {
             "nodes": world, "model": man["model"]["name"], "input_shape": man["input_shape"], "codec": codec.name,
