@@ -144,7 +144,7 @@ def sr_summary(entries: list[dict]) -> str:
     dense = by["dense"]
     d5, b5 = dense["psnr_set5"], dense["bicubic_psnr_set5"]
     lines = []
-    for e in [by[k] for k in ("n2_r0.1", "n2_r0.1_ft60") if k in by]:
+    for e in sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: e["epochs"]):
         sep = by.get("n2_r0")
         vs_sep = f"; separated branches {sep['psnr_set5']:.2f} dB ({e['psnr_set5'] - sep['psnr_set5']:+.2f})" if sep \
             else ""
@@ -194,16 +194,16 @@ def seg_deeplabv3plus(entries: list[dict]) -> str:
     """Segmentation: mIoU and pixel accuracy, then IoU per class (where communication matters)."""
     dense = next(e for e in entries if e["name"] == "dense")
     classes = list(dense["per_class_iou"])
-    rows = ["| run | N | r (achieved) | mIoU % | vs dense | pixel acc. % | KB moved / image | FLOPs vs dense | "
-            "weights / node vs whole |", "|" + "---|" * 9]
+    rows = ["| run | N | epochs | r (achieved) | mIoU % | vs dense | pixel acc. % | KB moved / image | "
+            "FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 10]
     order = sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"]))
     for e in order:
         if e["name"] == "dense":
-            rows.append(f"| dense (one device) | 1 | 1 | {e['miou']:.2f} | - | {e['pixel_acc']:.2f} | - | 1.00 "
-                        "| 1.00 |")
+            rows.append(f"| dense (one device) | 1 | {e['epochs']} | 1 | {e['miou']:.2f} | - | {e['pixel_acc']:.2f} "
+                        "| - | 1.00 | 1.00 |")
             continue
         w = max(e["params_per_node"]) / e["params_dense"]
-        rows.append(f"| {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['miou']:.2f} | "
+        rows.append(f"| {e['name']} | {e['nodes']} | {e['epochs']} | {e['ratio']:.3f} | {e['miou']:.2f} | "
                     f"{e['miou'] - dense['miou']:+.2f} | {e['pixel_acc']:.2f} | {e['bytes'] / 1e3:.1f} (dense "
                     f"{e['dense_bytes'] / 1e3:.1f}) | {e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
     rows += ["", "IoU per class (%):", "", "| run | " + " | ".join(classes) + " |", "|" + "---|" * (len(classes) + 1)]
@@ -219,11 +219,13 @@ def seg_summary(entries: list[dict]) -> str:
     by = {e["name"]: e for e in entries}
     d = by["dense"]
     lines = []
-    if "n2_r0.1" in by:
-        e, sep = by["n2_r0.1"], by.get("n2_r0")
+    sep = by.get("n2_r0")
+    for e in sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: e["epochs"]):
         vs_sep = f"; separated branches {sep['miou']:.2f} ({e['miou'] - sep['miou']:+.2f})" if sep else ""
-        lines.append(f"- N=2, r=0.1: mIoU {e['miou']:.2f}, {e['miou'] - d['miou']:+.2f} points vs dense "
-                     f"({d['miou']:.2f}){vs_sep}.")
+        lines.append(f"- N=2, r=0.1, {e['epochs']} fine-tuning epochs: mIoU {e['miou']:.2f}, "
+                     f"{e['miou'] - d['miou']:+.2f} points vs dense ({d['miou']:.2f}){vs_sep}.")
+    if "n2_r0.1" in by:
+        e = by["n2_r0.1"]
         if sep:
             gap = {c: (e["per_class_iou"][c] or 0) - (sep["per_class_iou"][c] or 0) for c in d["per_class_iou"]
                    if d["per_class_iou"][c] is not None}
@@ -242,11 +244,16 @@ def _plot_vs_ratio(entries: list[dict], metric: str, ylabel: str, path: Path) ->
     import matplotlib.pyplot as plt
 
     dense = next(e for e in entries if e["nodes"] == 1)
+    ep = pts_epochs(entries)
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, marker in ((2, "o"), (4, "s")):
-        pts = sorted((e["ratio"], e[metric]) for e in entries if e["nodes"] == n)
+        pts = sorted((e["ratio"], e[metric]) for e in entries if e["nodes"] == n and e.get("epochs", ep) == ep)
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
+    for e in entries:
+        if e["nodes"] > 1 and e.get("epochs", ep) != ep:
+            ax.scatter([e["ratio"]], [e[metric]], marker="*", s=80, zorder=3,
+                       label=f"N={e['nodes']}, {e['epochs']} fine-tuning epochs")
     ax.axhline(dense[metric], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
     ax.set_ylabel(ylabel)
@@ -278,6 +285,25 @@ def det_ssd(entries: list[dict]) -> str:
             rows.append(f"| {ds}{note} | {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['map']:.2f} | "
                         f"{e['map50']:.2f} | {vs} | {post} | {moved} | {fl} |")
     return "\n".join(rows)
+
+
+def det_summary(entries: list[dict]) -> str:
+    """The detection issue's success checks from the JSON (generated set), and the leader's post-processing share."""
+    by = {(e["dataset"], e["name"]): e for e in entries}
+    d = next((e for e in entries if e["dataset"] == "generated" and e["nodes"] == 1), None)
+    e, sep = by.get(("generated", "n2_r0.1")), by.get(("generated", "n2_r0"))
+    lines = []
+    if d and e:
+        vs_sep = f"; separated branches {sep['map']:.2f} ({e['map'] - sep['map']:+.2f})" if sep else ""
+        lines.append(f"- generated set, N=2, r=0.1: mAP {e['map']:.2f}, {e['map'] - d['map']:+.2f} points vs dense "
+                     f"({d['map']:.2f}){vs_sep}.")
+    shares = [(x["post_ms"], x["model_ms"]) for x in entries if x.get("post_ms") and x.get("model_ms")]
+    if shares:
+        pct = [100 * p / (p + m) for p, m in shares]
+        lines.append(f"- leader's post-processing (decoding + NMS) against the split model's forward, both one "
+                     f"process: {min(pct):.1f}-{max(pct):.1f}% of the time per image over {len(pct)} runs "
+                     "(the SSD300 share on a link is in the latency section).")
+    return "\n".join(lines)
 
 
 def plot_det(entries: list[dict], path: Path) -> None:
@@ -323,6 +349,7 @@ TABLES = {
     "seg_deeplabv3plus": ("seg_deeplabv3plus", seg_deeplabv3plus, plot_seg),
     "seg_summary": ("seg_deeplabv3plus", seg_summary, None),
     "det_ssd": ("det_ssd", det_ssd, plot_det),
+    "det_summary": ("det_ssd", det_summary, None),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 

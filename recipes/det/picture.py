@@ -1,6 +1,6 @@
 """Detections on a few generated test images: dense, DISCO N=2 r=0.1, separated (N=2 r=0); ground truth in green.
 
-    python recipes/det/picture.py --runs runs/det --data ../shared/data --out results/det_ssd.png
+    python recipes/det/picture.py --runs runs/det --data ../shared/data --out results/det_ssd_test.png
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default=str(ROOT / "runs" / "det"))
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
-    p.add_argument("--out", default=str(ROOT / "results" / "det_ssd.png"))
+    p.add_argument("--out", default=str(ROOT / "results" / "det_ssd_test.png"))
     p.add_argument("--score", type=float, default=0.4)
     args = p.parse_args()
     print(f"wrote {make_picture(args.runs, args.data, args.out, score=args.score)}")

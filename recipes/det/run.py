@@ -2,7 +2,7 @@
 
 Every step is resumable (each run checkpoints per epoch; a finished run is skipped). Results go to
 results/det_ssd.json (``map`` = COCO mAP@[.5:.95], ``map50`` = mAP@.5, in percent), the picture of
-detections to results/det_ssd.png.
+detections to results/det_ssd_test.png (the plot of mAP against r, results/det_ssd.png, is tables.py's).
 
     python recipes/det/run.py --data ../shared/data     # DATA holds cifar10/, imagenette224/, coco128/
 
@@ -128,7 +128,7 @@ def main() -> None:
     if all((runs / f"{n}.safetensors").is_file() for n in ("n2_r0.1", "n2_r0")):
         from picture import make_picture
 
-        pic = make_picture(runs, args.data, results / "det_ssd.png")
+        pic = make_picture(runs, args.data, results / "det_ssd_test.png")
         print(f"wrote {pic}")
 
 
