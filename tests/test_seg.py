@@ -267,6 +267,25 @@ def test_camvid_shared_data() -> None:
     assert isinstance(test, SegEvalSet) and len(test) == 1
 
 
+def _committed_seg() -> list[dict]:
+    f = Path(__file__).resolve().parents[1] / "results" / "seg_deeplabv3plus.json"
+    return [e for e in json.loads(f.read_text()) if e.get("checkpoint")] if f.is_file() else []
+
+
+@pytest.mark.data
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", _committed_seg(), ids=lambda e: e["name"])
+def test_committed_seg_checkpoint_reproduces_miou(entry: dict, capsys) -> None:
+    """The committed CamVid checkpoints give the mIoU that results/seg_deeplabv3plus.json (and the README) report."""
+    if not (CAMVID / "CamVid" / "test").is_dir():
+        pytest.skip(f"shared CamVid not found at {CAMVID} (needs ../shared/data/camvid)")
+    ckpt = Path(__file__).resolve().parents[1] / entry["checkpoint"]
+    assert ckpt.is_file(), f"{ckpt} is named in results/seg_deeplabv3plus.json but missing"
+    assert main(["eval", str(ckpt), "--data", str(CAMVID), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(got["miou"] - entry["miou"]) <= 0.01 and abs(got["pixel_acc"] - entry["pixel_acc"]) <= 0.01
+
+
 # ---- the task through the command line ----------------------------------------------------
 
 def test_train_sparsify_eval_camvid_cli(tmp_path: Path, capsys) -> None:
