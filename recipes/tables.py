@@ -216,23 +216,31 @@ def seg_deeplabv3plus(entries: list[dict]) -> str:
 
 def seg_summary(entries: list[dict]) -> str:
     """The segmentation issue's success checks and where communication matters, from the JSON."""
-    by = {e["name"]: e for e in entries}
-    d = by["dense"]
-    lines = []
-    sep = by.get("n2_r0")
+    d = next(e for e in entries if e["name"] == "dense")
+
+    def separated(e: dict) -> dict | None:  # N=2 separated branches with the same fine-tuning length
+        return next((x for x in entries if x["nodes"] == 2 and x["ratio"] == 0 and x["epochs"] == e["epochs"]), None)
+
+    lines, pairs = [], []
     for e in sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: e["epochs"]):
-        vs_sep = f"; separated branches {sep['miou']:.2f} ({e['miou'] - sep['miou']:+.2f})" if sep else ""
+        s = separated(e)
+        vs_sep = (f"; separated branches with the same fine-tuning {s['miou']:.2f} ({e['miou'] - s['miou']:+.2f})"
+                  if s else "")
         lines.append(f"- N=2, r=0.1, {e['epochs']} fine-tuning epochs: mIoU {e['miou']:.2f}, "
                      f"{e['miou'] - d['miou']:+.2f} points vs dense ({d['miou']:.2f}){vs_sep}.")
-    if "n2_r0.1" in by:
-        e = by["n2_r0.1"]
-        if sep:
-            gap = {c: (e["per_class_iou"][c] or 0) - (sep["per_class_iou"][c] or 0) for c in d["per_class_iou"]
-                   if d["per_class_iou"][c] is not None}
-            top = sorted(gap, key=gap.get, reverse=True)
-            lines.append("- Where communication matters (IoU of N=2 r=0.1 minus separated branches): "
-                         + ", ".join(f"{c} {gap[c]:+.1f}" for c in top[:4]) + "; least: "
-                         + ", ".join(f"{c} {gap[c]:+.1f}" for c in top[-3:]) + ".")
+        if s:
+            pairs.append((e, s))
+    for c in (e for e in entries if e["nodes"] > 1 and e["ratio"] >= 1):
+        lines.append(f"- Control, every link kept ({c['name']}, {c['epochs']} fine-tuning epochs): mIoU "
+                     f"{c['miou']:.2f}, {c['miou'] - d['miou']:+.2f} vs dense: what the fine-tuning alone changes.")
+    if pairs:
+        e, s = pairs[-1]  # the longest fine-tuning
+        gap = {c: (e["per_class_iou"][c] or 0) - (s["per_class_iou"][c] or 0) for c in d["per_class_iou"]
+               if d["per_class_iou"][c] is not None}
+        top = sorted(gap, key=gap.get, reverse=True)
+        lines.append(f"- Where communication matters (IoU of {e['name']} minus {s['name']}): "
+                     + ", ".join(f"{c} {gap[c]:+.1f}" for c in top[:4]) + "; least: "
+                     + ", ".join(f"{c} {gap[c]:+.1f}" for c in top[-3:]) + ".")
     return "\n".join(lines)
 
 
@@ -271,8 +279,8 @@ def plot_seg(entries: list[dict], path: Path) -> None:
 
 def det_ssd(entries: list[dict]) -> str:
     """Detection: COCO mAP@[.5:.95] and mAP@.5 per run, the generated set first, then coco128."""
-    rows = ["| data | run | N | r (achieved) | mAP | mAP@.5 | vs dense (mAP) | leader post-processing ms | "
-            "KB moved / image | FLOPs vs dense |", "|" + "---|" * 10]
+    rows = ["| data | run | N | epochs | r (achieved) | mAP | mAP@.5 | vs dense (mAP) | leader post-processing ms | "
+            "KB moved / image | FLOPs vs dense |", "|" + "---|" * 11]
     for ds in ("generated", "coco128"):
         sel = [e for e in entries if e["dataset"] == ds]
         dense = next((e for e in sel if e["nodes"] == 1), None)
@@ -282,7 +290,8 @@ def det_ssd(entries: list[dict]) -> str:
             moved = "-" if e["nodes"] == 1 else f"{e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f})"
             fl = "1.00" if e["nodes"] == 1 else f"{e['flops_total'] / e['flops_dense']:.2f}"
             post = "-" if e.get("post_ms") is None else f"{e['post_ms']:.1f}"
-            rows.append(f"| {ds}{note} | {e['name']} | {e['nodes']} | {e['ratio']:.3f} | {e['map']:.2f} | "
+            rows.append(f"| {ds}{note} | {e['name']} | {e['nodes']} | {e.get('epochs') or '-'} | {e['ratio']:.3f} | "
+                        f"{e['map']:.2f} | "
                         f"{e['map50']:.2f} | {vs} | {post} | {moved} | {fl} |")
     return "\n".join(rows)
 
@@ -291,12 +300,13 @@ def det_summary(entries: list[dict]) -> str:
     """The detection issue's success checks from the JSON (generated set), and the leader's post-processing share."""
     by = {(e["dataset"], e["name"]): e for e in entries}
     d = next((e for e in entries if e["dataset"] == "generated" and e["nodes"] == 1), None)
-    e, sep = by.get(("generated", "n2_r0.1")), by.get(("generated", "n2_r0"))
+    sep = by.get(("generated", "n2_r0"))
     lines = []
-    if d and e:
+    for e in sorted((e for e in entries if d and e["dataset"] == "generated" and e["name"].startswith("n2_r0.1")),
+                    key=lambda e: e["epochs"]):
         vs_sep = f"; separated branches {sep['map']:.2f} ({e['map'] - sep['map']:+.2f})" if sep else ""
-        lines.append(f"- generated set, N=2, r=0.1: mAP {e['map']:.2f}, {e['map'] - d['map']:+.2f} points vs dense "
-                     f"({d['map']:.2f}){vs_sep}.")
+        lines.append(f"- generated set, N=2, r=0.1, {e['epochs']} fine-tuning epochs: mAP {e['map']:.2f}, "
+                     f"{e['map'] - d['map']:+.2f} points vs dense ({d['map']:.2f}){vs_sep}.")
     shares = [(x["post_ms"], x["model_ms"]) for x in entries if x.get("post_ms") and x.get("model_ms")]
     if shares:
         pct = [100 * p / (p + m) for p, m in shares]

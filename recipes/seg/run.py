@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # (name, nodes, ratio[, fine-tuning epochs if not --epochs]); all with the global byte budget and
 # magnitude selection (r = 0: separated branches)
 RUNS = [
+    ("n2_r1", 2, 1.0),  # control: every link kept, the same fine-tuning (what fine-tuning alone costs)
     ("n2_r0.5", 2, 0.5),
     ("n2_r0.2", 2, 0.2),
     ("n2_r0.1", 2, 0.1),
@@ -40,6 +41,7 @@ RUNS = [
     ("n4_r0", 4, 0.0),
     # the next idea when r=0.1 misses its target at 40 epochs: fine-tune as long as the dense run (2,250 steps)
     ("n2_r0.1_ft150", 2, 0.1, 150),
+    ("n2_r0_ft150", 2, 0.0, 150),  # separated branches with the same fine-tuning: the fair baseline
 ]
 COMMITTED = {"dense": "deeplabv3plus_tiny_camvid_dense.safetensors",
              "n2_r0.1": "deeplabv3plus_tiny_camvid_n2_r0.1.safetensors"}
