@@ -304,7 +304,8 @@ def det_summary(entries: list[dict]) -> str:
     lines = []
     for e in sorted((e for e in entries if d and e["dataset"] == "generated" and e["name"].startswith("n2_r0.1")),
                     key=lambda e: e["epochs"]):
-        vs_sep = f"; separated branches {sep['map']:.2f} ({e['map'] - sep['map']:+.2f})" if sep else ""
+        vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs) {sep['map']:.2f} "
+                  f"({e['map'] - sep['map']:+.2f})") if sep else ""
         lines.append(f"- generated set, N=2, r=0.1, {e['epochs']} fine-tuning epochs: mAP {e['map']:.2f}, "
                      f"{e['map'] - d['map']:+.2f} points vs dense ({d['map']:.2f}){vs_sep}.")
     shares = [(x["post_ms"], x["model_ms"]) for x in entries if x.get("post_ms") and x.get("model_ms")]
@@ -312,7 +313,7 @@ def det_summary(entries: list[dict]) -> str:
         pct = [100 * p / (p + m) for p, m in shares]
         lines.append(f"- leader's post-processing (decoding + NMS) against the split model's forward, both one "
                      f"process: {min(pct):.1f}-{max(pct):.1f}% of the time per image over {len(pct)} runs "
-                     "(the SSD300 share on a link is in the latency section).")
+                     "(SSD300 over a 100 Mbit/s link: the post-processing lines of bench/README.md).")
     return "\n".join(lines)
 
 

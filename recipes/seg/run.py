@@ -44,7 +44,8 @@ RUNS = [
     ("n2_r0_ft150", 2, 0.0, 150),  # separated branches with the same fine-tuning: the fair baseline
 ]
 COMMITTED = {"dense": "deeplabv3plus_tiny_camvid_dense.safetensors",
-             "n2_r0.1": "deeplabv3plus_tiny_camvid_n2_r0.1.safetensors"}
+             "n2_r0.1": "deeplabv3plus_tiny_camvid_n2_r0.1.safetensors",
+             "n2_r0.1_ft150": "deeplabv3plus_tiny_camvid_n2_r0.1_ft150.safetensors"}
 INPUT_SHAPE = "1,3,180,240"  # the task's partition shape: one 240x180 evaluation input
 
 
