@@ -39,3 +39,20 @@ def test_results_entries_have_the_required_fields(results):
             assert k in e, f"{e.get('name')}: missing {k}"
         if e["nodes"] > 1:
             assert abs(e["ratio"] - e["target_ratio"]) <= 0.01
+
+
+@pytest.mark.parametrize("name,metrics", [("seg_deeplabv3plus", ("miou", "pixel_acc", "per_class_iou")),
+                                          ("det_ssd", ("map", "map50", "post_ms", "dataset"))])
+def test_task_results_have_the_required_fields(name, metrics):
+    """Segmentation and detection results: the CNN fields with the task's metrics, every kept ratio on target."""
+    f = ROOT / "results" / f"{name}.json"
+    if not f.is_file():
+        pytest.skip(f"results/{f.name} not produced yet (see recipes/)")
+    entries = json.loads(f.read_text())
+    assert sum(e["nodes"] == 1 for e in entries) >= 1, "no dense entry"
+    for e in entries:
+        for k in ("name", "nodes", "ratio", "budget", "selection", "flops_total", "params_per_node", "epochs",
+                  *metrics):
+            assert k in e, f"{e.get('name')}: missing {k}"
+        if e["nodes"] > 1:
+            assert abs(e["ratio"] - e["target_ratio"]) <= 0.01 and e["bytes"] <= e["dense_bytes"] * e["ratio"] + 1
