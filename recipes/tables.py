@@ -214,6 +214,13 @@ def seg_deeplabv3plus(entries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def control_lines(entries: list[dict], dense: dict, metric: str, label: str) -> list[str]:
+    """The every-link-kept control runs (r = 1, N > 1): what the fine-tuning alone changes."""
+    return [f"- Control, every link kept ({c['name']}, {c['epochs']} fine-tuning epochs): {label} {c[metric]:.2f}, "
+            f"{c[metric] - dense[metric]:+.2f} vs dense: what the fine-tuning alone changes."
+            for c in entries if c["nodes"] > 1 and c["ratio"] >= 1 and c.get("dataset") == dense.get("dataset")]
+
+
 def seg_summary(entries: list[dict]) -> str:
     """The segmentation issue's success checks and where communication matters, from the JSON."""
     d = next(e for e in entries if e["name"] == "dense")
@@ -230,9 +237,7 @@ def seg_summary(entries: list[dict]) -> str:
                      f"{e['miou'] - d['miou']:+.2f} points vs dense ({d['miou']:.2f}){vs_sep}.")
         if s:
             pairs.append((e, s))
-    for c in (e for e in entries if e["nodes"] > 1 and e["ratio"] >= 1):
-        lines.append(f"- Control, every link kept ({c['name']}, {c['epochs']} fine-tuning epochs): mIoU "
-                     f"{c['miou']:.2f}, {c['miou'] - d['miou']:+.2f} vs dense: what the fine-tuning alone changes.")
+    lines += control_lines(entries, d, "miou", "mIoU")
     if pairs:
         e, s = pairs[-1]  # the longest fine-tuning
         gap = {c: (e["per_class_iou"][c] or 0) - (s["per_class_iou"][c] or 0) for c in d["per_class_iou"]
@@ -308,6 +313,8 @@ def det_summary(entries: list[dict]) -> str:
                   f"({e['map'] - sep['map']:+.2f})") if sep else ""
         lines.append(f"- generated set, N=2, r=0.1, {e['epochs']} fine-tuning epochs: mAP {e['map']:.2f}, "
                      f"{e['map'] - d['map']:+.2f} points vs dense ({d['map']:.2f}){vs_sep}.")
+    if d:
+        lines += control_lines(entries, d, "map", "mAP")
     shares = [(x["post_ms"], x["model_ms"]) for x in entries if x.get("post_ms") and x.get("model_ms")]
     if shares:
         pct = [100 * p / (p + m) for p, m in shares]

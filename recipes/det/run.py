@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (name, nodes, ratio[, fine-tuning epochs if not --epochs]); r = 0: separated branches
 RUNS = [
+    ("n2_r1", 2, 1.0),  # control: every link kept, the same fine-tuning (what fine-tuning alone costs)
     ("n2_r0.5", 2, 0.5),
     ("n2_r0.2", 2, 0.2),
     ("n2_r0.1", 2, 0.1),
