@@ -24,3 +24,24 @@ def cached(path: Path, fn: Callable[[], dict], source: Path | None = None) -> di
     res = fn()
     path.write_text(json.dumps(res))
     return res
+
+
+def sparsify_run(runs: Path, dense: Path, data: str, name: str, nodes: int, ratio: float, epochs: int,
+                 flags: list[str], *, budget: str = "global", selection: str = "magnitude", threads: int | None = 1,
+                 **fields: object) -> dict:
+    """One DISCO run of a recipe: ``disco sparsify`` from ``dense`` into ``runs/NAME.safetensors``, its result
+    (with ``name``, ``epochs`` and ``fields``) kept in ``runs/NAME.json``; skipped when both exist."""
+    out, res_file = runs / f"{name}.safetensors", runs / f"{name}.json"
+    if out.is_file() and res_file.is_file():
+        return json.loads(res_file.read_text())
+    res = disco("sparsify", str(dense), "--data", data, "--nodes", str(nodes), "--ratio", str(ratio),
+                "--budget", budget, "--selection", selection, "--epochs", str(epochs), *flags, "--out", str(out),
+                threads=threads)
+    res.update(name=name, epochs=epochs, **fields)
+    res_file.write_text(json.dumps(res))
+    return res
+
+
+def epochs_of(spec: tuple, default: int, at: int = 3) -> int:
+    """A run row's fine-tuning epochs: the optional field after the first ``at`` ones, else ``default``."""
+    return spec[at] if len(spec) > at else default

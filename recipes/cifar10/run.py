@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import disco  # noqa: E402
+from common import disco, epochs_of, sparsify_run  # noqa: E402
 
 ASSETS = ROOT / "src" / "disco" / "assets"
 
@@ -92,18 +92,10 @@ def main() -> None:
                        "--input-shape", "1,3,32,32", "--json", threads=2)
 
     def one(spec: tuple) -> dict:
-        name, nodes, ratio, budget, selection, *rest = spec
-        epochs = rest[0] if rest else args.epochs
-        out = runs / f"{name}.safetensors"
-        res_file = runs / f"{name}.json"
-        if out.is_file() and res_file.is_file():
-            return json.loads(res_file.read_text())
-        res = disco("sparsify", str(dense), "--data", args.data, "--nodes", str(nodes), "--ratio", str(ratio),
-                    "--budget", budget, "--selection", selection, "--epochs", str(epochs),
-                    "--distill", str(args.distill), *prof["sparsify"], "--out", str(out), threads=args.threads)
-        res["name"], res["epochs"] = name, epochs
-        res_file.write_text(json.dumps(res))
-        return res
+        name, nodes, ratio, budget, selection = spec[:5]
+        return sparsify_run(runs, dense, args.data, name, nodes, ratio, epochs_of(spec, args.epochs, at=5),
+                            ["--distill", str(args.distill), *prof["sparsify"]], budget=budget, selection=selection,
+                            threads=args.threads)
 
     todo = [r for r in prof["runs"] if not args.only or r[0] in args.only]
     with ThreadPoolExecutor(args.workers) as pool:

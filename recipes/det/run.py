@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import cached, disco  # noqa: E402
+from common import cached, disco, epochs_of, sparsify_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -88,18 +88,8 @@ def main() -> None:
                                                               threads=args.threads), source=out)
 
     def one(task: str, data: str, dense: Path, spec: tuple, epochs: int, bs: int) -> dict:
-        name, nodes, ratio, *rest = spec
-        epochs = rest[0] if rest else epochs
-        out, res_file = runs / f"{name}.safetensors", runs / f"{name}.json"
-        if out.is_file() and res_file.is_file():
-            return json.loads(res_file.read_text())
-        res = disco("sparsify", str(dense), "--data", data, "--nodes", str(nodes), "--ratio", str(ratio),
-                    "--budget", "global", "--selection", "magnitude", "--epochs", str(epochs),
-                    "--batch-size", str(bs), "--lr", str(args.ft_lr), "--distill", str(args.distill),
-                    *lim, "--out", str(out), threads=1)
-        res.update(name=name, epochs=epochs, task=task)
-        res_file.write_text(json.dumps(res))
-        return res
+        flags = ["--batch-size", str(bs), "--lr", str(args.ft_lr), "--distill", str(args.distill), *lim]
+        return sparsify_run(runs, dense, data, *spec[:3], epochs_of(spec, epochs), flags, task=task)
 
     dense = runs / "dense.safetensors"
     dense_eval = dense_run("det_generated", args.data, args.model, args.dense_epochs, args.batch_size, dense)

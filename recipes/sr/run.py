@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import cached, disco  # noqa: E402
+from common import cached, disco, epochs_of, sparsify_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -81,20 +81,10 @@ def main() -> None:
     dense_cost = cached(runs / "dense_cost.json", lambda: disco(
         "cost", args.model, "--nodes", "2", "--input-shape", "1,3,24,24", "--json", threads=None))  # no --threads
 
+    flags = ["--batch-size", str(args.batch_size), "--lr", str(args.ft_lr), "--distill", str(args.distill), *lim]
+
     def one(spec: tuple) -> dict:
-        name, nodes, ratio, *rest = spec
-        epochs = rest[0] if rest else args.epochs
-        out = runs / f"{name}.safetensors"
-        res_file = runs / f"{name}.json"
-        if out.is_file() and res_file.is_file():
-            return json.loads(res_file.read_text())
-        res = disco("sparsify", str(dense), "--data", args.data, "--nodes", str(nodes), "--ratio", str(ratio),
-                    "--budget", "global", "--selection", "magnitude", "--epochs", str(epochs),
-                    "--batch-size", str(args.batch_size), "--lr", str(args.ft_lr), "--distill", str(args.distill),
-                    *lim, "--out", str(out), threads=1)
-        res["name"], res["epochs"] = name, epochs
-        res_file.write_text(json.dumps(res))
-        return res
+        return sparsify_run(runs, dense, args.data, *spec[:3], epochs_of(spec, args.epochs), flags)
 
     todo = [r for r in RUNS if not args.only or r[0] in args.only]
     with ThreadPoolExecutor(args.workers) as pool:

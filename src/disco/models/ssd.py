@@ -158,27 +158,27 @@ class SSDSplit(nn.Module):
         return (*cls, *box)
 
 
-def _post_settings(tv: nn.Module) -> dict[str, float]:
-    """torchvision's post-processing settings of a built SSD (SSDlite uses its own)."""
-    return {k: getattr(tv, k) for k in ("score_thresh", "nms_thresh", "detections_per_img", "topk_candidates")}
+def _split_torchvision(tv: nn.Module, extractor: type[nn.Module], num_classes: int) -> SSDSplit:
+    """A built torchvision SSD as a split model: its backbone wrapped by ``extractor``, its head, and a spec
+    with its default boxes and post-processing settings (SSDlite uses its own)."""
+    ag = tv.anchor_generator
+    post = {k: getattr(tv, k) for k in ("score_thresh", "nms_thresh", "detections_per_img", "topk_candidates")}
+    spec = SSDSpec(num_classes, ag.aspect_ratios, scales=ag.scales, steps=ag.steps, post=post)
+    return SSDSplit(extractor(tv.backbone), tv.head, spec)
 
 
 @register_model("ssd300_vgg16_split")
 def ssd300_vgg16_split(num_classes: int = 91) -> SSDSplit:
     """torchvision's ``ssd300_vgg16`` (random weights) as a split model; input 3x300x300 in 0-255 minus mean."""
     tv = tv_ssd.ssd300_vgg16(weights=None, weights_backbone=None, num_classes=num_classes)
-    ag = tv.anchor_generator
-    spec = SSDSpec(num_classes, ag.aspect_ratios, scales=ag.scales, steps=ag.steps, post=_post_settings(tv))
-    return SSDSplit(VGGExtractor(tv.backbone), tv.head, spec)
+    return _split_torchvision(tv, VGGExtractor, num_classes)
 
 
 @register_model("ssdlite320_split")
 def ssdlite320_split(num_classes: int = 91) -> SSDSplit:
     """torchvision's ``ssdlite320_mobilenet_v3_large`` (random weights) as a split model."""
     tv = tv_ssdlite.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=num_classes)
-    ag = tv.anchor_generator
-    spec = SSDSpec(num_classes, ag.aspect_ratios, scales=ag.scales, steps=ag.steps, post=_post_settings(tv))
-    return SSDSplit(MobileNetExtractor(tv.backbone), tv.head, spec)
+    return _split_torchvision(tv, MobileNetExtractor, num_classes)
 
 
 @register_model("ssd_tiny_split")

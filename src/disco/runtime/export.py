@@ -63,9 +63,9 @@ def model_hash(gm: nn.Module, part: Partition) -> str:
 def reference_outputs(out: Any) -> dict[str, Tensor]:
     """The model output as named tensors for reference.safetensors: ``output`` for one tensor, else
     ``output.0``, ``output.1``, ... in pytree order (a detector's per-level head outputs)."""
-    leaves = torch.utils._pytree.tree_leaves(out)
     if isinstance(out, Tensor):
         return {"output": out.detach().contiguous()}
+    leaves = torch.utils._pytree.tree_leaves(out)
     if not leaves or not all(isinstance(t, Tensor) for t in leaves):
         raise TypeError(f"model output {type(out).__name__} holds non-tensor leaves; cannot store a reference")
     return {f"output.{i}": t.detach().contiguous() for i, t in enumerate(leaves)}
