@@ -47,3 +47,17 @@ def reference_forward(part: Partition, plain_gm: fx.GraphModule, kept: np.ndarra
     """The DISCO function computed by activation masking (for checking the weight masks)."""
     with torch.no_grad():
         return _Assembled(part, plain_gm, kept).run(x)
+
+
+def randomize_bn(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random BatchNorm statistics and affine terms (so that no block is an identity); returns the model in eval."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.normal_(0, 0.1, generator=g)
+                m.running_var.uniform_(0.5, 2.0, generator=g)
+                if m.affine:
+                    m.weight.uniform_(0.5, 1.5, generator=g)
+                    m.bias.normal_(0, 0.1, generator=g)
+    return model.eval()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import reference_forward
+from reference import randomize_bn, reference_forward
 from torch import nn
 
 from disco.cost import estimate
@@ -34,16 +34,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _max_rel(outs, refs) -> float:  # noqa: ANN001
     assert len(outs) == len(refs)
     return max(_rel(a, b) for a, b in zip(outs, refs, strict=True))
-
-
-def _randomize_bn(m: nn.Module, seed: int = 0) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, nn.BatchNorm2d):
-                mod.running_mean.normal_(0, 0.1, generator=g)
-                mod.running_var.uniform_(0.5, 2.0, generator=g)
-    return m.eval()
 
 
 # ---- the L2 norm channel reduction (a general rule) --------------------------------------------------
@@ -114,7 +104,7 @@ _SHAPES = {"ssd_tiny_split": (1, 3, 64, 64), "ssdlite320_split": (1, 3, 64, 64)}
 
 def _setup(name: str, n: int, frac: float = 0.3):  # noqa: ANN202
     torch.manual_seed(0)
-    model = _randomize_bn(build_model(name, num_classes=5))
+    model = randomize_bn(build_model(name, num_classes=5))
     x = torch.randn(_SHAPES[name])
     part = partition(model, x, n)
     kept = np.random.default_rng(n).random(part.n_links) < frac
@@ -166,7 +156,7 @@ def test_vgg16_ssd_splits_with_the_l2norm_reduction() -> None:
 
 def test_distributed_detections_match_single_process() -> None:
     torch.manual_seed(0)
-    model = _randomize_bn(build_model("ssd_tiny_split", num_classes=5))
+    model = randomize_bn(build_model("ssd_tiny_split", num_classes=5))
     x = torch.randn(2, 3, 64, 64)
     part = partition(model, x, 3)
     kept = np.random.default_rng(3).random(part.n_links) < 0.3
@@ -189,7 +179,7 @@ def test_torchvision_ssdlite_weights_and_detections() -> None:
     from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 
     torch.manual_seed(0)
-    tv = _randomize_bn(ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=4))
+    tv = randomize_bn(ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=4))
     ours = build_model("ssdlite320_split", num_classes=4)
     ours.load_state_dict(tv.state_dict(), strict=True)  # same keys
     ours.eval()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import reference_forward
+from reference import randomize_bn, reference_forward
 from torch import nn
 
 from disco.graph import REPLICATED, UnsupportedOpError, partition, split_owner
@@ -55,15 +55,6 @@ class AllOps(nn.Module):
         return self.fc(self.drop(flat))
 
 
-def _randomize_bn(model):
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.2, 0.2)
-
-
 MODELS = {
     "allops": (lambda: AllOps(), (2, 3, 16, 16)),
     "cifar_resnet20": (lambda: build_model("cifar_resnet20"), (2, 3, 32, 32)),
@@ -86,7 +77,7 @@ def test_invariant1_all_links_equals_original(name, nodes):
     torch.manual_seed(0)
     make, shape = MODELS[name]
     model = make().eval()
-    _randomize_bn(model)
+    randomize_bn(model)
     x = torch.randn(shape)
     with torch.no_grad():
         ref = model(x)
@@ -104,7 +95,7 @@ def test_masked_model_matches_activation_masking_reference(name, nodes):
     torch.manual_seed(1)
     make, shape = MODELS[name]
     model = make().eval()
-    _randomize_bn(model)
+    randomize_bn(model)
     x = torch.randn(shape)
     plain = copy.deepcopy(model)
     part = partition(model, x, nodes)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from reference import reference_forward
+from reference import randomize_bn, reference_forward
 from torch import nn
 
 from disco.cli import main
@@ -43,16 +43,7 @@ def _one_thread():
 def _randomized(name: str = "deeplabv3plus_test", seed: int = 0, **kw) -> nn.Module:
     """A model with random BatchNorm statistics and affine terms (so that no block is an identity)."""
     torch.manual_seed(seed)
-    model = build_model(name, **kw)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.normal_(0, 0.1, generator=g)
-                m.running_var.uniform_(0.5, 2.0, generator=g)
-                m.weight.uniform_(0.5, 1.5, generator=g)
-                m.bias.normal_(0, 0.1, generator=g)
-    return model.eval()
+    return randomize_bn(build_model(name, **kw), seed)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
