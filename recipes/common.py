@@ -43,5 +43,10 @@ def sparsify_run(runs: Path, dense: Path, data: str, name: str, nodes: int, rati
 
 
 def epochs_of(spec: tuple, default: int, at: int = 3) -> int:
-    """A run row's fine-tuning epochs: the optional field after the first ``at`` ones, else ``default``."""
-    return spec[at] if len(spec) > at else default
+    """A run row's fine-tuning epochs: the optional int field after the first ``at`` ones, else ``default``."""
+    return spec[at] if len(spec) > at and isinstance(spec[at], int) else default
+
+
+def options_of(spec: tuple) -> dict:
+    """A run row's optional last field: ``sparsify_run`` keywords such as ``{"selection": "taylor"}``."""
+    return spec[-1] if isinstance(spec[-1], dict) else {}

@@ -118,22 +118,23 @@ def cifar10_vit_summary(entries: list[dict]) -> str:
 def sr_rrdbnet(entries: list[dict]) -> str:
     """Super-resolution x4: PSNR/SSIM (Y, shaved) per set, bicubic and dense first."""
     dense = next(e for e in entries if e["name"] == "dense")
-    rows = ["| run | N | epochs | r (achieved) | Set5 PSNR (dB) | vs dense | Set5 SSIM | Set14 PSNR | BSD100 PSNR | "
-            "KB moved / 24x24 LR input | FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 12]
+    rows = ["| run | N | scores | epochs | r (achieved) | Set5 PSNR (dB) | vs dense | Set5 SSIM | Set14 PSNR | "
+            "BSD100 PSNR | KB moved / 24x24 LR input | FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 13]
     b5 = dense["bicubic_psnr_set5"]
-    rows.append(f"| bicubic | - | - | - | {b5:.2f} | {b5 - dense['psnr_set5']:+.2f} "
+    rows.append(f"| bicubic | - | - | - | - | {b5:.2f} | {b5 - dense['psnr_set5']:+.2f} "
                 f"| {dense['bicubic_ssim_set5']:.4f} | {dense['bicubic_psnr_set14']:.2f} | "
                 f"{dense['bicubic_psnr_bsd100']:.2f} | - | - | - |")
     for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
         if e["name"] == "dense":
-            rows.append(f"| dense (one device) | 1 | {e['epochs']} | 1 | {e['psnr_set5']:.2f} | - "
+            rows.append(f"| dense (one device) | 1 | - | {e['epochs']} | 1 | {e['psnr_set5']:.2f} | - "
                         f"| {e['ssim_set5']:.4f} | {e['psnr_set14']:.2f} | {e['psnr_bsd100']:.2f} | - | 1.00 | 1.00 |")
             continue
         w = max(e["params_per_node"]) / e["params_dense"]
         rows.append(
-            f"| {e['name']} | {e['nodes']} | {e['epochs']} | {e['ratio']:.3f} | {e['psnr_set5']:.2f} | "
-            f"{e['psnr_set5'] - dense['psnr_set5']:+.2f} | {e['ssim_set5']:.4f} | {e['psnr_set14']:.2f} | "
-            f"{e['psnr_bsd100']:.2f} | {e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f}) | "
+            f"| {e['name']} | {e['nodes']} | {e['selection']} | {e['epochs']} | {e['ratio']:.3f} | "
+            f"{e['psnr_set5']:.2f} | {e['psnr_set5'] - dense['psnr_set5']:+.2f} | {e['ssim_set5']:.4f} | "
+            f"{e['psnr_set14']:.2f} | {e['psnr_bsd100']:.2f} | "
+            f"{e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f}) | "
             f"{e['flops_total'] / e['flops_dense']:.2f} | {w:.2f} |")
     return "\n".join(rows)
 
@@ -144,12 +145,12 @@ def sr_summary(entries: list[dict]) -> str:
     dense = by["dense"]
     d5, b5 = dense["psnr_set5"], dense["bicubic_psnr_set5"]
     lines = []
-    for e in sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: e["epochs"]):
+    for e in sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: (e["epochs"], e["name"])):
         sep = by.get("n2_r0")
         vs_sep = f"; separated branches {sep['psnr_set5']:.2f} dB ({e['psnr_set5'] - sep['psnr_set5']:+.2f})" if sep \
             else ""
-        lines.append(f"- N=2, r=0.1, {e['epochs']} fine-tuning epochs: Set5 {e['psnr_set5']:.2f} dB, "
-                     f"{e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f}){vs_sep}.")
+        lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs: Set5 "
+                     f"{e['psnr_set5']:.2f} dB, {e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f}){vs_sep}.")
     disco = [e for e in entries if e["nodes"] > 1 and e["ratio"] > 0]
     if disco:
         worst = min(disco, key=lambda e: e["psnr_set5"])
@@ -157,6 +158,11 @@ def sr_summary(entries: list[dict]) -> str:
         lines.append(f"- DISCO models above bicubic on Set5 ({b5:.2f} dB): {above} of {len(disco)}; the lowest, "
                      f"{worst['name']}, is {worst['psnr_set5'] - b5:+.2f} dB vs bicubic (dense {d5 - b5:+.2f} dB).")
     return "\n".join(lines)
+
+
+def _main_sweep(e: dict, entries: list[dict]) -> bool:
+    """Whether ``e`` is a point of the main magnitude sweep (shortest fine-tuning) rather than an extra run."""
+    return e["epochs"] == pts_epochs(entries) and e["selection"] in ("magnitude", "separated")
 
 
 def plot_sr(entries: list[dict], path: Path) -> None:
@@ -170,14 +176,13 @@ def plot_sr(entries: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, s in zip(axes, ("set5", "set14"), strict=True):
         for n, marker in ((2, "o"), (4, "s")):
-            pts = sorted((e["ratio"], e[f"psnr_{s}"]) for e in entries
-                         if e["nodes"] == n and e["epochs"] == pts_epochs(entries))
+            pts = sorted((e["ratio"], e[f"psnr_{s}"]) for e in entries if e["nodes"] == n and _main_sweep(e, entries))
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
         for e in entries:
-            if e["nodes"] > 1 and e["epochs"] != pts_epochs(entries):
-                ax.scatter([e["ratio"]], [e[f"psnr_{s}"]], marker="*", s=80, zorder=3,
-                           label=f"N={e['nodes']}, {e['epochs']} fine-tuning epochs")
+            if e["nodes"] > 1 and not _main_sweep(e, entries):
+                ax.scatter([e["ratio"]], [e[f"psnr_{s}"]], marker="D" if e["selection"] == "taylor" else "*", s=60,
+                           zorder=3, label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs")
         ax.axhline(dense[f"psnr_{s}"], color="k", ls="--", lw=1, label="dense, one device")
         ax.axhline(dense[f"bicubic_psnr_{s}"], color="gray", ls=":", lw=1, label="bicubic")
         ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
@@ -257,16 +262,15 @@ def _plot_vs_ratio(entries: list[dict], metric: str, ylabel: str, path: Path) ->
     import matplotlib.pyplot as plt
 
     dense = next(e for e in entries if e["nodes"] == 1)
-    ep = pts_epochs(entries)
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, marker in ((2, "o"), (4, "s")):
-        pts = sorted((e["ratio"], e[metric]) for e in entries if e["nodes"] == n and e.get("epochs", ep) == ep)
+        pts = sorted((e["ratio"], e[metric]) for e in entries if e["nodes"] == n and _main_sweep(e, entries))
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
     for e in entries:
-        if e["nodes"] > 1 and e.get("epochs", ep) != ep:
-            ax.scatter([e["ratio"]], [e[metric]], marker="*", s=80, zorder=3,
-                       label=f"N={e['nodes']}, {e['epochs']} fine-tuning epochs")
+        if e["nodes"] > 1 and not _main_sweep(e, entries):
+            ax.scatter([e["ratio"]], [e[metric]], marker="D" if e["selection"] == "taylor" else "*", s=60, zorder=3,
+                       label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs")
     ax.axhline(dense[metric], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
     ax.set_ylabel(ylabel)
@@ -284,8 +288,8 @@ def plot_seg(entries: list[dict], path: Path) -> None:
 
 def det_ssd(entries: list[dict]) -> str:
     """Detection: COCO mAP@[.5:.95] and mAP@.5 per run, the generated set first, then coco128."""
-    rows = ["| data | run | N | epochs | r (achieved) | mAP | mAP@.5 | vs dense (mAP) | leader post-processing ms | "
-            "KB moved / image | FLOPs vs dense |", "|" + "---|" * 11]
+    rows = ["| data | run | N | scores | epochs | r (achieved) | mAP | mAP@.5 | vs dense (mAP) | "
+            "leader post-processing ms | KB moved / image | FLOPs vs dense |", "|" + "---|" * 12]
     for ds in ("generated", "coco128"):
         sel = [e for e in entries if e["dataset"] == ds]
         dense = next((e for e in sel if e["nodes"] == 1), None)
@@ -295,9 +299,9 @@ def det_ssd(entries: list[dict]) -> str:
             moved = "-" if e["nodes"] == 1 else f"{e['bytes'] / 1e3:.1f} (dense {e['dense_bytes'] / 1e3:.1f})"
             fl = "1.00" if e["nodes"] == 1 else f"{e['flops_total'] / e['flops_dense']:.2f}"
             post = "-" if e.get("post_ms") is None else f"{e['post_ms']:.1f}"
-            rows.append(f"| {ds}{note} | {e['name']} | {e['nodes']} | {e.get('epochs') or '-'} | {e['ratio']:.3f} | "
-                        f"{e['map']:.2f} | "
-                        f"{e['map50']:.2f} | {vs} | {post} | {moved} | {fl} |")
+            sel_ = "-" if e["nodes"] == 1 else e["selection"]
+            rows.append(f"| {ds}{note} | {e['name']} | {e['nodes']} | {sel_} | {e.get('epochs') or '-'} | "
+                        f"{e['ratio']:.3f} | {e['map']:.2f} | {e['map50']:.2f} | {vs} | {post} | {moved} | {fl} |")
     return "\n".join(rows)
 
 
@@ -308,10 +312,11 @@ def det_summary(entries: list[dict]) -> str:
     sep = by.get(("generated", "n2_r0"))
     lines = []
     for e in sorted((e for e in entries if d and e["dataset"] == "generated" and e["name"].startswith("n2_r0.1")),
-                    key=lambda e: e["epochs"]):
+                    key=lambda e: (e["epochs"], e["name"])):
         vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs) {sep['map']:.2f} "
                   f"({e['map'] - sep['map']:+.2f})") if sep else ""
-        lines.append(f"- generated set, N=2, r=0.1, {e['epochs']} fine-tuning epochs: mAP {e['map']:.2f}, "
+        lines.append(f"- generated set, N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs: "
+                     f"mAP {e['map']:.2f}, "
                      f"{e['map'] - d['map']:+.2f} points vs dense ({d['map']:.2f}){vs_sep}.")
     if d:
         lines += control_lines(entries, d, "map", "mAP")

@@ -29,11 +29,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import cached, disco, epochs_of, sparsify_run  # noqa: E402
+from common import cached, disco, epochs_of, options_of, sparsify_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# (name, nodes, ratio[, fine-tuning epochs if not --epochs]); r = 0: separated branches
+# (name, nodes, ratio[, fine-tuning epochs if not --epochs][, sparsify_run options]); the global byte budget and
+# magnitude selection unless the options say otherwise; r = 0: separated branches
 RUNS = [
     ("n2_r1", 2, 1.0),  # control: every link kept, the same fine-tuning (what fine-tuning alone costs)
     ("n2_r0.5", 2, 0.5),
@@ -45,6 +46,9 @@ RUNS = [
     ("n4_r0", 4, 0.0),
     # the next idea when r=0.1 misses its target at 10 epochs: fine-tune as long as the dense run (3,750 steps)
     ("n2_r0.1_ft30", 2, 0.1, 30),
+    # Taylor scores (first-order loss change per byte) instead of weight magnitude per byte
+    ("n2_r0.1_taylor", 2, 0.1, {"selection": "taylor"}),
+    ("n4_r0.1_taylor", 4, 0.1, {"selection": "taylor"}),
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
@@ -89,7 +93,7 @@ def main() -> None:
 
     def one(task: str, data: str, dense: Path, spec: tuple, epochs: int, bs: int) -> dict:
         flags = ["--batch-size", str(bs), "--lr", str(args.ft_lr), "--distill", str(args.distill), *lim]
-        return sparsify_run(runs, dense, data, *spec[:3], epochs_of(spec, epochs), flags, task=task)
+        return sparsify_run(runs, dense, data, *spec[:3], epochs_of(spec, epochs), flags, task=task, **options_of(spec))
 
     dense = runs / "dense.safetensors"
     dense_eval = dense_run("det_generated", args.data, args.model, args.dense_epochs, args.batch_size, dense)

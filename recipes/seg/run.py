@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import cached, disco, epochs_of, sparsify_run  # noqa: E402
+from common import cached, disco, epochs_of, options_of, sparsify_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -97,7 +97,7 @@ def main() -> None:
     flags = ["--lr", str(args.ft_lr), "--distill", str(args.distill), *opt, *lim]
 
     def one(spec: tuple) -> dict:
-        return sparsify_run(runs, dense, args.data, *spec[:3], epochs_of(spec, args.epochs), flags)
+        return sparsify_run(runs, dense, args.data, *spec[:3], epochs_of(spec, args.epochs), flags, **options_of(spec))
 
     todo = [r for r in RUNS if not args.only or r[0] in args.only]
     with ThreadPoolExecutor(args.workers) as pool:

@@ -24,12 +24,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import cached, disco, epochs_of, sparsify_run  # noqa: E402
+from common import cached, disco, epochs_of, options_of, sparsify_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# (name, nodes, ratio[, fine-tuning epochs if not --epochs]); all with the global byte budget and
-# magnitude selection (r = 0: separated branches)
+# (name, nodes, ratio[, fine-tuning epochs if not --epochs][, sparsify_run options]); the global byte
+# budget and magnitude selection unless the options say otherwise (r = 0: separated branches)
 RUNS = [
     ("n2_r0.5", 2, 0.5),
     ("n2_r0.2", 2, 0.2),
@@ -40,6 +40,10 @@ RUNS = [
     ("n4_r0", 4, 0.0),
     # the next idea when r=0.1 misses the 0.15 dB target at 20 epochs: 3x the fine-tuning
     ("n2_r0.1_ft60", 2, 0.1, 60),
+    # Taylor scores spend the budget on the full-resolution tail, which magnitude per byte leaves separated
+    ("n2_r0.1_taylor", 2, 0.1, {"selection": "taylor"}),
+    ("n2_r0.1_taylor_ft300", 2, 0.1, 300, {"selection": "taylor"}),
+    ("n4_r0.1_taylor", 4, 0.1, {"selection": "taylor"}),
 ]
 COMMITTED = {"dense": "rrdbnet_tiny_x4_dense.safetensors", "n2_r0.1": "rrdbnet_tiny_x4_n2_r0.1.safetensors"}
 METRICS = ("psnr_set5", "psnr_set14", "psnr_bsd100", "ssim_set5", "ssim_set14", "ssim_bsd100")
@@ -84,7 +88,7 @@ def main() -> None:
     flags = ["--batch-size", str(args.batch_size), "--lr", str(args.ft_lr), "--distill", str(args.distill), *lim]
 
     def one(spec: tuple) -> dict:
-        return sparsify_run(runs, dense, args.data, *spec[:3], epochs_of(spec, args.epochs), flags)
+        return sparsify_run(runs, dense, args.data, *spec[:3], epochs_of(spec, args.epochs), flags, **options_of(spec))
 
     todo = [r for r in RUNS if not args.only or r[0] in args.only]
     with ThreadPoolExecutor(args.workers) as pool:
