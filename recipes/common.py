@@ -28,15 +28,16 @@ def cached(path: Path, fn: Callable[[], dict], source: Path | None = None) -> di
 
 def sparsify_run(runs: Path, dense: Path, data: str, name: str, nodes: int, ratio: float, epochs: int,
                  flags: list[str], *, budget: str = "global", selection: str = "magnitude", threads: int | None = 1,
-                 **fields: object) -> dict:
+                 extra: tuple[str, ...] = (), **fields: object) -> dict:
     """One DISCO run of a recipe: ``disco sparsify`` from ``dense`` into ``runs/NAME.safetensors``, its result
-    (with ``name``, ``epochs`` and ``fields``) kept in ``runs/NAME.json``; skipped when both exist."""
+    (with ``name``, ``epochs`` and ``fields``) kept in ``runs/NAME.json``; skipped when both exist.
+    ``extra`` flags come after ``flags`` and so override them (``("--lr", "0.001")``)."""
     out, res_file = runs / f"{name}.safetensors", runs / f"{name}.json"
     if out.is_file() and res_file.is_file():
         return json.loads(res_file.read_text())
     res = disco("sparsify", str(dense), "--data", data, "--nodes", str(nodes), "--ratio", str(ratio),
-                "--budget", budget, "--selection", selection, "--epochs", str(epochs), *flags, "--out", str(out),
-                threads=threads)
+                "--budget", budget, "--selection", selection, "--epochs", str(epochs), *flags, *extra,
+                "--out", str(out), threads=threads)
     res.update(name=name, epochs=epochs, **fields)
     res_file.write_text(json.dumps(res))
     return res

@@ -329,6 +329,18 @@ def det_summary(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def det_lr(entries: list[dict]) -> str:
+    """The detection fine-tuning rate sweep (recipes/det/lr_sweep.py): N=2, r = 1 and r = 0.1."""
+    dense = next(e for e in entries if e["nodes"] == 1)
+    rows = [f"| r | scores | lr | distillation | mAP | vs dense ({dense['map']:.2f}) | mAP@.5 |", "|" + "---|" * 7]
+    for e in entries:
+        if e["nodes"] > 1:
+            r = "1 (every link kept)" if e["ratio"] >= 1 else f"{e['ratio']:.3f}"
+            rows.append(f"| {r} | {e['selection']} | {e['lr']:g} | {e['distill']:g} | {e['map']:.2f} | "
+                        f"{e['map'] - dense['map']:+.2f} | {e['map50']:.2f} |")
+    return "\n".join(rows)
+
+
 def plot_det(entries: list[dict], path: Path) -> None:
     """mAP against communication ratio on the generated set."""
     _plot_vs_ratio([e for e in entries if e["dataset"] == "generated"], "map",
@@ -373,6 +385,7 @@ TABLES = {
     "seg_summary": ("seg_deeplabv3plus", seg_summary, None),
     "det_ssd": ("det_ssd", det_ssd, plot_det),
     "det_summary": ("det_ssd", det_summary, None),
+    "det_lr": ("det_ssd_lr", det_lr, None),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 

@@ -49,6 +49,7 @@ RUNS = [
     # Taylor scores (first-order loss change per byte) instead of weight magnitude per byte
     ("n2_r0.1_taylor", 2, 0.1, {"selection": "taylor"}),
     ("n4_r0.1_taylor", 4, 0.1, {"selection": "taylor"}),
+    ("n2_r0.1_taylor_ft30", 2, 0.1, 30, {"selection": "taylor"}),
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
@@ -66,7 +67,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=10, help="fine-tuning epochs of every DISCO run")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3, help="dense AdamW learning rate (cosine to 0)")
-    p.add_argument("--ft-lr", type=float, default=5e-4, help="DISCO fine-tuning AdamW learning rate")
+    p.add_argument("--ft-lr", type=float, default=1e-3, help="DISCO fine-tuning AdamW learning rate")
     p.add_argument("--distill", type=float, default=0.5, help="weight of distillation from the dense model")
     p.add_argument("--coco-model", default="ssd_tiny_split", help="model of the coco128 runs (320x320 input)")
     p.add_argument("--coco-dense-epochs", type=int, default=80, help="8 steps each at batch 16")
