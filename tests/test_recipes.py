@@ -16,3 +16,25 @@ def test_run_rows_with_optional_epochs_and_options():
     assert options_of(("n2_r0.1", 2, 0.1)) == {}
     assert options_of(("n2_r0.1_ft60", 2, 0.1, 60)) == {}
     assert options_of(("x", 2, 0.1, 300, {"selection": "taylor"})) == {"selection": "taylor"}
+
+
+def test_sr_recipe_keeps_earlier_entries_only_for_the_same_dense_model(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sr_run", Path(__file__).resolve().parents[1] / "recipes/sr/run.py")
+    sr_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sr_run)
+    import json
+
+    dense = {"name": "dense", "psnr_set5": 30.5, "psnr_set14": 27.5, "psnr_bsd100": 26.9, "ssim_set5": 0.868,
+             "ssim_set14": 0.75, "ssim_bsd100": 0.71}
+    old = [dense, {"name": "n2_r0.5", "psnr_set5": 30.1}, {"name": "n2_r0.1", "psnr_set5": 29.0},
+           {"name": "gone_row", "psnr_set5": 1.0}]
+    path = tmp_path / "sr_rrdbnet.json"
+    path.write_text(json.dumps(old))
+    now = [{**dense, "ssim_set5": 0.868 + 1e-12}, {"name": "n2_r0.1", "psnr_set5": 29.4}]
+    kept = sr_run.carried_over(path, now, ["n2_r0.5", "n2_r0.1"])
+    assert [e["name"] for e in kept] == ["n2_r0.5"] and kept[0]["carried_over"] is True
+    other = [{**dense, "psnr_set5": 30.6}, {"name": "n2_r0.1", "psnr_set5": 29.4}]
+    assert sr_run.carried_over(path, other, ["n2_r0.5", "n2_r0.1"]) == []
+    assert sr_run.carried_over(tmp_path / "missing.json", now, ["n2_r0.5"]) == []
