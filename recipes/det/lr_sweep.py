@@ -25,12 +25,9 @@ ROWS = [
     ("r1_lr5e-4", 1.0, "magnitude", 5e-4, 0.5),
     ("r1_lr5e-4_nodistill", 1.0, "magnitude", 5e-4, 0.0),
     ("r1_lr1e-4", 1.0, "magnitude", 1e-4, 0.5),
-    ("r0.1_magnitude_lr5e-4", 0.1, "magnitude", 5e-4, 0.5),
     ("r0.1_taylor_lr1e-4", 0.1, "taylor", 1e-4, 0.5),
     ("r0.1_taylor_lr2e-4", 0.1, "taylor", 2e-4, 0.5),
-    ("r0.1_taylor_lr5e-4", 0.1, "taylor", 5e-4, 0.5),
     ("r0.1_taylor_lr1e-3", 0.1, "taylor", 1e-3, 0.5),
-    ("r0.1_taylor_lr2e-3", 0.1, "taylor", 2e-3, 0.5),
 ]
 
 

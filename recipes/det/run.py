@@ -44,12 +44,9 @@ RUNS = [
     ("n2_r0", 2, 0.0),
     ("n4_r0.1", 4, 0.1),
     ("n4_r0", 4, 0.0),
-    # the next idea when r=0.1 misses its target at 10 epochs: fine-tune as long as the dense run (3,750 steps)
-    ("n2_r0.1_ft30", 2, 0.1, 30),
     # Taylor scores (first-order loss change per byte) instead of weight magnitude per byte
     ("n2_r0.1_taylor", 2, 0.1, {"selection": "taylor"}),
     ("n4_r0.1_taylor", 4, 0.1, {"selection": "taylor"}),
-    ("n2_r0.1_taylor_ft30", 2, 0.1, 30, {"selection": "taylor"}),
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
