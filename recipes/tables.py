@@ -152,7 +152,8 @@ def sr_summary(entries: list[dict]) -> str:
             (x for x in reversed(seps) if x["epochs"] <= e["epochs"]), None)
         vs_sep = (f"; separated branches ({sep['epochs']} epochs) {sep['psnr_set5']:.2f} dB "
                   f"({e['psnr_set5'] - sep['psnr_set5']:+.2f})") if sep else ""
-        lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs: Set5 "
+        lr = f", lr {e['lr']:g}" if e.get("lr") else ""
+        lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{lr}: Set5 "
                      f"{e['psnr_set5']:.2f} dB, {e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f}){vs_sep}.")
     r01 = [e for e in entries if e["name"].startswith("n2_r0.1")]
     if r01:

@@ -48,9 +48,10 @@ RUNS = [
     # detection fine-tunes better at twice the rate (recipes/det/README.md): the same question here
     ("n2_r0.1_taylor_lr1e-3", 2, 0.1, {"selection": "taylor", "extra": ("--lr", "0.001"), "lr": 1e-3}),
     ("n2_r0.1_taylor_ft300_lr1e-3", 2, 0.1, 300, {"selection": "taylor", "extra": ("--lr", "0.001"), "lr": 1e-3}),
+    ("n4_r0.1_taylor_ft60_lr1e-3", 4, 0.1, 60, {"selection": "taylor", "extra": ("--lr", "0.001"), "lr": 1e-3}),
 ]
 COMMITTED = {"dense": "rrdbnet_tiny_x4_dense.safetensors", "n2_r0.1": "rrdbnet_tiny_x4_n2_r0.1.safetensors",
-             "n2_r0.1_taylor_ft300": "rrdbnet_tiny_x4_n2_r0.1_taylor_ft300.safetensors"}
+             "n2_r0.1_taylor_ft300_lr1e-3": "rrdbnet_tiny_x4_n2_r0.1_taylor_ft300_lr1e-3.safetensors"}
 METRICS = ("psnr_set5", "psnr_set14", "psnr_bsd100", "ssim_set5", "ssim_set14", "ssim_bsd100")
 
 
