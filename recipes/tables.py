@@ -192,7 +192,8 @@ def plot_sr(entries: list[dict], path: Path) -> None:
         for e in entries:
             if e["nodes"] > 1 and not _main_sweep(e, entries):
                 ax.scatter([e["ratio"]], [e[f"psnr_{s}"]], marker="D" if e["selection"] == "taylor" else "*", s=60,
-                           zorder=3, label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs")
+                           zorder=3, label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs"
+                           + (f", lr {e['lr']:g}" if e.get("lr") else ""))
         ax.axhline(dense[f"psnr_{s}"], color="k", ls="--", lw=1, label="dense, one device")
         ax.axhline(dense[f"bicubic_psnr_{s}"], color="gray", ls=":", lw=1, label="bicubic")
         ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
