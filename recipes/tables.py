@@ -167,6 +167,10 @@ def sr_summary(entries: list[dict]) -> str:
         above = sum(e["psnr_set5"] > b5 for e in disco)
         lines.append(f"- DISCO models above bicubic on Set5 ({b5:.2f} dB): {above} of {len(disco)}; the lowest, "
                      f"{worst['name']}, is {worst['psnr_set5'] - b5:+.2f} dB vs bicubic (dense {d5 - b5:+.2f} dB).")
+        n4 = [e for e in disco if e["nodes"] == 4]
+        if n4:
+            best4 = max(n4, key=lambda e: e["psnr_set5"])
+            lines.append(f"- Best N=4 model: {best4['name']}, {best4['psnr_set5'] - b5:+.2f} dB vs bicubic.")
     return "\n".join(lines)
 
 
