@@ -28,17 +28,17 @@ def cached(path: Path, fn: Callable[[], dict], source: Path | None = None) -> di
 
 def sparsify_run(runs: Path, dense: Path, data: str, name: str, nodes: int, ratio: float, epochs: int,
                  flags: list[str], *, budget: str = "global", selection: str = "magnitude", threads: int | None = 1,
-                 extra: tuple[str, ...] = (), **fields: object) -> dict:
+                 lr: float | None = None, **fields: object) -> dict:
     """One DISCO run of a recipe: ``disco sparsify`` from ``dense`` into ``runs/NAME.safetensors``, its result
-    (with ``name``, ``epochs`` and ``fields``) kept in ``runs/NAME.json``; skipped when both exist.
-    ``extra`` flags come after ``flags`` and so override them (``("--lr", "0.001")``)."""
+    (with ``name``, ``epochs``, ``lr`` if given and ``fields``) kept in ``runs/NAME.json``; skipped when both
+    exist. ``lr`` overrides a ``--lr`` in ``flags`` (it comes after them)."""
     out, res_file = runs / f"{name}.safetensors", runs / f"{name}.json"
     if out.is_file() and res_file.is_file():
         return json.loads(res_file.read_text())
     res = disco("sparsify", str(dense), "--data", data, "--nodes", str(nodes), "--ratio", str(ratio),
-                "--budget", budget, "--selection", selection, "--epochs", str(epochs), *flags, *extra,
-                "--out", str(out), threads=threads)
-    res.update(name=name, epochs=epochs, **fields)
+                "--budget", budget, "--selection", selection, "--epochs", str(epochs), *flags,
+                *(["--lr", str(lr)] if lr is not None else []), "--out", str(out), threads=threads)
+    res.update(name=name, epochs=epochs, **({"lr": lr} if lr is not None else {}), **fields)
     res_file.write_text(json.dumps(res))
     return res
 
@@ -49,5 +49,5 @@ def epochs_of(spec: tuple, default: int, at: int = 3) -> int:
 
 
 def options_of(spec: tuple) -> dict:
-    """A run row's optional last field: ``sparsify_run`` keywords such as ``{"selection": "taylor"}``."""
+    """A run row's optional last field: ``sparsify_run`` keywords such as ``{"selection": "taylor", "lr": 1e-3}``."""
     return spec[-1] if isinstance(spec[-1], dict) else {}

@@ -146,7 +146,8 @@ def sr_summary(entries: list[dict]) -> str:
     d5, b5 = dense["psnr_set5"], dense["bicubic_psnr_set5"]
     lines = []
     seps = sorted((e for e in entries if e["nodes"] == 2 and e["ratio"] == 0), key=lambda e: e["epochs"])
-    for e in sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: (e["epochs"], e["name"])):
+    r01 = sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: (e["epochs"], e["name"]))
+    for e in r01:
         # separated branches fine-tuned as long, else the longest-tuned shorter one
         sep = next((x for x in seps if x["epochs"] == e["epochs"]), None) or next(
             (x for x in reversed(seps) if x["epochs"] <= e["epochs"]), None)
@@ -155,7 +156,6 @@ def sr_summary(entries: list[dict]) -> str:
         lr = f", lr {e['lr']:g}" if e.get("lr") else ""
         lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{lr}: Set5 "
                      f"{e['psnr_set5']:.2f} dB, {e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f}){vs_sep}.")
-    r01 = [e for e in entries if e["name"].startswith("n2_r0.1")]
     if r01:
         best = max(r01, key=lambda e: e["psnr_set5"])
         gap = best["psnr_set5"] - d5
@@ -179,6 +179,13 @@ def _main_sweep(e: dict, entries: list[dict]) -> bool:
     return e["epochs"] == pts_epochs(entries) and e["selection"] in ("magnitude", "separated")
 
 
+def _extra_point(ax, e: dict, y: float) -> None:  # noqa: ANN001
+    """One run outside the main sweep: a diamond for Taylor scores, else a star, labelled with what differs."""
+    lr = f", lr {e['lr']:g}" if e.get("lr") else ""
+    ax.scatter([e["ratio"]], [y], marker="D" if e["selection"] == "taylor" else "*", s=60, zorder=3,
+               label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs{lr}")
+
+
 def plot_sr(entries: list[dict], path: Path) -> None:
     """PSNR against communication ratio, Set5 and Set14, with dense and bicubic as lines."""
     import matplotlib
@@ -195,9 +202,7 @@ def plot_sr(entries: list[dict], path: Path) -> None:
                 ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
         for e in entries:
             if e["nodes"] > 1 and not _main_sweep(e, entries):
-                ax.scatter([e["ratio"]], [e[f"psnr_{s}"]], marker="D" if e["selection"] == "taylor" else "*", s=60,
-                           zorder=3, label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs"
-                           + (f", lr {e['lr']:g}" if e.get("lr") else ""))
+                _extra_point(ax, e, e[f"psnr_{s}"])
         ax.axhline(dense[f"psnr_{s}"], color="k", ls="--", lw=1, label="dense, one device")
         ax.axhline(dense[f"bicubic_psnr_{s}"], color="gray", ls=":", lw=1, label="bicubic")
         ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
@@ -284,8 +289,7 @@ def _plot_vs_ratio(entries: list[dict], metric: str, ylabel: str, path: Path) ->
             ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
     for e in entries:
         if e["nodes"] > 1 and not _main_sweep(e, entries):
-            ax.scatter([e["ratio"]], [e[metric]], marker="D" if e["selection"] == "taylor" else "*", s=60, zorder=3,
-                       label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs")
+            _extra_point(ax, e, e[metric])
     ax.axhline(dense[metric], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
     ax.set_ylabel(ylabel)

@@ -38,3 +38,26 @@ def test_sr_recipe_keeps_earlier_entries_only_for_the_same_dense_model(tmp_path)
     other = [{**dense, "psnr_set5": 30.6}, {"name": "n2_r0.1", "psnr_set5": 29.4}]
     assert sr_run.carried_over(path, other, ["n2_r0.5", "n2_r0.1"]) == []
     assert sr_run.carried_over(tmp_path / "missing.json", now, ["n2_r0.5"]) == []
+
+
+def test_sparsify_run_puts_the_row_rate_last_records_it_and_caches(tmp_path, monkeypatch):
+    import json
+
+    import common
+
+    calls = []
+
+    def fake_disco(*args, threads):
+        calls.append(args)
+        (tmp_path / "x.safetensors").write_bytes(b"")
+        return {"map": 1.0}
+
+    monkeypatch.setattr(common, "disco", fake_disco)
+    res = common.sparsify_run(tmp_path, tmp_path / "dense.safetensors", "DATA", "x", 2, 0.1, 10,
+                              ["--lr", "0.0005", "--distill", "0.5"], selection="taylor", lr=1e-3)
+    args = calls[0]
+    assert args[args.index("--selection") + 1] == "taylor"
+    assert [a for i, a in enumerate(args) if i and args[i - 1] == "--lr"][-1] == "0.001"  # argparse: last one wins
+    assert res["lr"] == 1e-3 and json.loads((tmp_path / "x.json").read_text())["lr"] == 1e-3
+    common.sparsify_run(tmp_path, tmp_path / "dense.safetensors", "DATA", "x", 2, 0.1, 10, [], lr=1e-3)
+    assert len(calls) == 1  # cached: both files exist

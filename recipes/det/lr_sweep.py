@@ -47,9 +47,9 @@ def main() -> None:
 
     def one(row: tuple) -> dict:
         name, ratio, selection, lr, distill = row
-        flags = ["--batch-size", "32", "--lr", str(lr), "--distill", str(distill), *lim]
+        flags = ["--batch-size", "32", "--distill", str(distill), *lim]
         r = sparsify_run(runs, Path(args.dense), args.data, name, 2, ratio, args.epochs, flags, selection=selection,
-                         task="det_generated")
+                         lr=lr, task="det_generated")
         return {"name": name, "nodes": 2, "ratio": r["ratio"], "selection": selection, "lr": lr, "distill": distill,
                 "epochs": args.epochs, "map": r["map"], "map50": r["map50"]}
 

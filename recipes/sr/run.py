@@ -46,9 +46,9 @@ RUNS = [
     ("n2_r0_ft300", 2, 0.0, 300),  # separated branches fine-tuned as long: the fair comparison
     ("n4_r0.1_taylor", 4, 0.1, {"selection": "taylor"}),
     # detection fine-tunes better at twice the rate (recipes/det/README.md): the same question here
-    ("n2_r0.1_taylor_lr1e-3", 2, 0.1, {"selection": "taylor", "extra": ("--lr", "0.001"), "lr": 1e-3}),
-    ("n2_r0.1_taylor_ft300_lr1e-3", 2, 0.1, 300, {"selection": "taylor", "extra": ("--lr", "0.001"), "lr": 1e-3}),
-    ("n4_r0.1_taylor_ft60_lr1e-3", 4, 0.1, 60, {"selection": "taylor", "extra": ("--lr", "0.001"), "lr": 1e-3}),
+    ("n2_r0.1_taylor_lr1e-3", 2, 0.1, {"selection": "taylor", "lr": 1e-3}),
+    ("n2_r0.1_taylor_ft300_lr1e-3", 2, 0.1, 300, {"selection": "taylor", "lr": 1e-3}),
+    ("n4_r0.1_taylor_ft60_lr1e-3", 4, 0.1, 60, {"selection": "taylor", "lr": 1e-3}),
 ]
 COMMITTED = {"dense": "rrdbnet_tiny_x4_dense.safetensors", "n2_r0.1": "rrdbnet_tiny_x4_n2_r0.1.safetensors",
              "n2_r0.1_taylor_ft300_lr1e-3": "rrdbnet_tiny_x4_n2_r0.1_taylor_ft300_lr1e-3.safetensors"}
@@ -147,6 +147,7 @@ def carried_over(path: Path, entries: list[dict], names: list[str]) -> list[dict
         return []
     old = json.loads(path.read_text())
     new_dense, old_dense = entries[0], next((e for e in old if e["name"] == "dense"), None)
+    # a metric missing on one side (defaults -1 vs 1) counts as a different dense model
     if old_dense is None or any(abs(old_dense.get(k, -1) - new_dense.get(k, 1)) > 1e-6 for k in METRICS):
         return []
     have = {e["name"] for e in entries}

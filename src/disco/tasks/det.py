@@ -36,8 +36,8 @@ class Detection:
     model_kwargs: dict[str, Any] = {"num_classes": 11}
     optimizer = "adamw"
     lr = 2e-3
-    # N=2 r=0.1 Taylor, 10 epochs on the generated set: 1e-4 22.6, 2e-4 25.9, 5e-4 29.3, 1e-3 32.4 mAP
-    # (recipes/det/README.md); a low rate keeps an every-link-kept control closer to dense but cannot adapt
+    # N=2 r=0.1 Taylor, 10 epochs on the generated set: 1e-4 22.6, 2e-4 25.9, 1e-3 32.4 mAP
+    # (recipes/det/lr_sweep.py); a low rate keeps an every-link-kept control closer to dense but cannot adapt
     finetune_lr = 1e-3
     weight_decay = 0.05
 
