@@ -148,10 +148,12 @@ def sr_summary(entries: list[dict]) -> str:
     seps = sorted((e for e in entries if e["nodes"] == 2 and e["ratio"] == 0), key=lambda e: e["epochs"])
     r01 = sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: (e["epochs"], e["name"]))
     for e in r01:
-        # separated branches fine-tuned as long, else the longest-tuned shorter one
-        sep = next((x for x in seps if x["epochs"] == e["epochs"]), None) or next(
+        # separated branches fine-tuned as long at the same rate, else as long, else the longest-tuned shorter one
+        sep = next((x for x in seps if (x["epochs"], x.get("lr")) == (e["epochs"], e.get("lr"))), None) or next(
+            (x for x in seps if x["epochs"] == e["epochs"]), None) or next(
             (x for x in reversed(seps) if x["epochs"] <= e["epochs"]), None)
-        vs_sep = (f"; separated branches ({sep['epochs']} epochs) {sep['psnr_set5']:.2f} dB "
+        sep_lr = f", lr {sep['lr']:g}" if sep and sep.get("lr") else ""
+        vs_sep = (f"; separated branches ({sep['epochs']} epochs{sep_lr}) {sep['psnr_set5']:.2f} dB "
                   f"({e['psnr_set5'] - sep['psnr_set5']:+.2f})") if sep else ""
         lr = f", lr {e['lr']:g}" if e.get("lr") else ""
         lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{lr}: Set5 "
@@ -161,22 +163,55 @@ def sr_summary(entries: list[dict]) -> str:
         gap = best["psnr_set5"] - d5
         lines.append(f"- Target, N=2 r=0.1 at most 0.15 dB below dense on Set5: the best run, {best['name']}, is "
                      f"{gap:+.3f} dB: {'met' if gap >= -0.15 else 'missed'}.")
-    disco = [e for e in entries if e["nodes"] > 1 and e["ratio"] > 0]
-    if disco:
+    for key, pts in sweeps(entries).items():
+        disco = [e for e in pts if e["ratio"] > 0]
         worst = min(disco, key=lambda e: e["psnr_set5"])
         above = sum(e["psnr_set5"] > b5 for e in disco)
-        lines.append(f"- DISCO models above bicubic on Set5 ({b5:.2f} dB): {above} of {len(disco)}; the lowest, "
-                     f"{worst['name']}, is {worst['psnr_set5'] - b5:+.2f} dB vs bicubic (dense {d5 - b5:+.2f} dB).")
-        n4 = [e for e in disco if e["nodes"] == 4]
-        if n4:
-            best4 = max(n4, key=lambda e: e["psnr_set5"])
-            lines.append(f"- Best N=4 model: {best4['name']}, {best4['psnr_set5'] - b5:+.2f} dB vs bicubic.")
+        seps_below = [e["name"] for e in pts if e["ratio"] == 0 and e["psnr_set5"] <= b5]
+        lines.append(f"- Sweep {_sweep_label(key)}: DISCO models above bicubic on Set5 ({b5:.2f} dB): {above} of "
+                     f"{len(disco)}; the lowest, {worst['name']}, is {worst['psnr_set5'] - b5:+.2f} dB vs bicubic "
+                     f"(dense {d5 - b5:+.2f} dB)" + (f"; separated branches below bicubic: {', '.join(seps_below)}"
+                                                     if seps_below else "") + ".")
+    n4 = [e for e in entries if e["nodes"] == 4 and e["ratio"] > 0]
+    if n4:
+        best4 = max(n4, key=lambda e: e["psnr_set5"])
+        lines.append(f"- Best N=4 model: {best4['name']}, {best4['psnr_set5'] - b5:+.2f} dB vs bicubic.")
     return "\n".join(lines)
 
 
-def _main_sweep(e: dict, entries: list[dict]) -> bool:
-    """Whether ``e`` is a point of the main magnitude sweep (shortest fine-tuning) rather than an extra run."""
-    return e["epochs"] == pts_epochs(entries) and e["selection"] in ("magnitude", "separated")
+def sweeps(entries: list[dict]) -> dict[tuple, list[dict]]:
+    """The ratio sweeps among the DISCO runs: (scores, epochs, lr) -> its runs at every N, separated branches
+    with the same fine-tuning included. A setting run at three or more ratios at N=2 is a sweep (a line in the
+    plots); any other run is an extra point."""
+    disco = [e for e in entries if e["nodes"] > 1]
+    out = {}
+    for key in sorted({(e["selection"], e["epochs"], e.get("lr")) for e in disco if e["selection"] != "separated"},
+                      key=lambda k: (k[1], k[2] or 0, k[0])):
+        sel, ep, lr = key
+        pts = [e for e in disco if (e["epochs"], e.get("lr")) == (ep, lr) and e["selection"] in (sel, "separated")]
+        if len({e["ratio"] for e in pts if e["nodes"] == 2 and e["selection"] == sel}) >= 3:
+            out[key] = pts
+    return out
+
+
+def _sweep_label(key: tuple) -> str:
+    sel, ep, lr = key
+    return f"{sel}, {ep} epochs" + (f", lr {lr:g}" if lr else "")
+
+
+def _plot_sweeps(ax, entries: list[dict], metric: str) -> None:  # noqa: ANN001
+    """One line per sweep and N, then every other DISCO run as an extra point."""
+    swept = sweeps(entries)
+    for i, (key, pts) in enumerate(swept.items()):
+        for n, marker in ((2, "o"), (4, "s")):
+            xy = sorted((e["ratio"], e[metric]) for e in pts if e["nodes"] == n)
+            if xy:
+                ax.plot(*zip(*xy, strict=True), marker=marker, ls="-" if i == 0 else "--",
+                        label=f"DISCO N={n} ({_sweep_label(key)})")
+    on_line = {id(e) for pts in swept.values() for e in pts}
+    for e in entries:
+        if e["nodes"] > 1 and id(e) not in on_line:
+            _extra_point(ax, e, e[metric])
 
 
 def _extra_point(ax, e: dict, y: float) -> None:  # noqa: ANN001
@@ -196,13 +231,7 @@ def plot_sr(entries: list[dict], path: Path) -> None:
     dense = next(e for e in entries if e["name"] == "dense")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, s in zip(axes, ("set5", "set14"), strict=True):
-        for n, marker in ((2, "o"), (4, "s")):
-            pts = sorted((e["ratio"], e[f"psnr_{s}"]) for e in entries if e["nodes"] == n and _main_sweep(e, entries))
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
-        for e in entries:
-            if e["nodes"] > 1 and not _main_sweep(e, entries):
-                _extra_point(ax, e, e[f"psnr_{s}"])
+        _plot_sweeps(ax, entries, f"psnr_{s}")
         ax.axhline(dense[f"psnr_{s}"], color="k", ls="--", lw=1, label="dense, one device")
         ax.axhline(dense[f"bicubic_psnr_{s}"], color="gray", ls=":", lw=1, label="bicubic")
         ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
@@ -283,13 +312,7 @@ def _plot_vs_ratio(entries: list[dict], metric: str, ylabel: str, path: Path) ->
 
     dense = next(e for e in entries if e["nodes"] == 1)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for n, marker in ((2, "o"), (4, "s")):
-        pts = sorted((e["ratio"], e[metric]) for e in entries if e["nodes"] == n and _main_sweep(e, entries))
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker=marker, label=f"DISCO N={n} (global budget, magnitude)")
-    for e in entries:
-        if e["nodes"] > 1 and not _main_sweep(e, entries):
-            _extra_point(ax, e, e[metric])
+    _plot_sweeps(ax, entries, metric)
     ax.axhline(dense[metric], color="k", ls="--", lw=1, label="dense, one device")
     ax.set_xlabel("communication ratio r (bytes vs dense within-layer parallelism)")
     ax.set_ylabel(ylabel)
@@ -326,12 +349,13 @@ def det_ssd(entries: list[dict]) -> str:
 
 def det_summary(entries: list[dict]) -> str:
     """The detection issue's success checks from the JSON (generated set), and the leader's post-processing share."""
-    by = {(e["dataset"], e["name"]): e for e in entries}
     d = next((e for e in entries if e["dataset"] == "generated" and e["nodes"] == 1), None)
-    sep = by.get(("generated", "n2_r0"))
+    seps = [e for e in entries if e["dataset"] == "generated" and e["nodes"] == 2 and e["ratio"] == 0]
     lines = []
     for e in sorted((e for e in entries if d and e["dataset"] == "generated" and e["name"].startswith("n2_r0.1")),
                     key=lambda e: (e["epochs"], e["name"])):
+        # separated branches fine-tuned as long, else the shortest-tuned ones
+        sep = next((x for x in seps if x["epochs"] == e["epochs"]), min(seps, key=lambda x: x["epochs"], default=None))
         vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs) {sep['map']:.2f} "
                   f"({e['map'] - sep['map']:+.2f})") if sep else ""
         lines.append(f"- generated set, N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs: "
@@ -351,11 +375,12 @@ def det_summary(entries: list[dict]) -> str:
 def det_lr(entries: list[dict]) -> str:
     """The detection fine-tuning rate sweep (recipes/det/lr_sweep.py): N=2, r = 1 and r = 0.1."""
     dense = next(e for e in entries if e["nodes"] == 1)
-    rows = [f"| r | scores | lr | distillation | mAP | vs dense ({dense['map']:.2f}) | mAP@.5 |", "|" + "---|" * 7]
+    rows = [f"| r | scores | lr | distillation | epochs | mAP | vs dense ({dense['map']:.2f}) | mAP@.5 |",
+            "|" + "---|" * 8]
     for e in entries:
         if e["nodes"] > 1:
             r = "1 (every link kept)" if e["ratio"] >= 1 else f"{e['ratio']:.3f}"
-            rows.append(f"| {r} | {e['selection']} | {e['lr']:g} | {e['distill']:g} | {e['map']:.2f} | "
+            rows.append(f"| {r} | {e['selection']} | {e['lr']:g} | {e['distill']:g} | {e['epochs']} | {e['map']:.2f} | "
                         f"{e['map'] - dense['map']:+.2f} | {e['map50']:.2f} |")
     return "\n".join(rows)
 
@@ -405,6 +430,8 @@ TABLES = {
     "det_ssd": ("det_ssd", det_ssd, plot_det),
     "det_summary": ("det_ssd", det_summary, None),
     "det_lr": ("det_ssd_lr", det_lr, None),
+    "det_ssd_small": ("det_ssd_small", det_ssd, plot_det),
+    "det_small_summary": ("det_ssd_small", det_summary, None),
     "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
 }
 

@@ -61,3 +61,20 @@ def test_sparsify_run_puts_the_row_rate_last_records_it_and_caches(tmp_path, mon
     assert res["lr"] == 1e-3 and json.loads((tmp_path / "x.json").read_text())["lr"] == 1e-3
     common.sparsify_run(tmp_path, tmp_path / "dense.safetensors", "DATA", "x", 2, 0.1, 10, [], lr=1e-3)
     assert len(calls) == 1  # cached: both files exist
+
+
+def test_sweeps_group_runs_by_setting_with_their_separated_branches():
+    from tables import sweeps
+
+    def run(name, n, r, sel, ep, lr=None):
+        return {"name": name, "nodes": n, "ratio": r, "selection": sel, "epochs": ep, "lr": lr}
+
+    entries = [{"name": "dense", "nodes": 1, "ratio": 1.0, "selection": "dense", "epochs": 300}]
+    entries += [run(f"m{r}", 2, r, "magnitude", 20) for r in (0.5, 0.2, 0.1)]
+    entries += [run("m_sep", 2, 0.0, "separated", 20), run("m4", 4, 0.1, "magnitude", 20)]
+    entries += [run(f"t{r}", 2, r, "taylor", 60, 1e-3) for r in (0.5, 0.2, 0.1)]
+    entries += [run("t_sep", 2, 0.0, "separated", 60, 1e-3), run("t_sep_other_lr", 2, 0.0, "separated", 60)]
+    entries += [run("t20", 2, 0.1, "taylor", 20), run("m300", 2, 0.1, "magnitude", 300, 1e-3)]  # extra points
+    got = {k: sorted(e["name"] for e in v) for k, v in sweeps(entries).items()}
+    assert got == {("magnitude", 20, None): ["m0.1", "m0.2", "m0.5", "m4", "m_sep"],
+                   ("taylor", 60, 1e-3): ["t0.1", "t0.2", "t0.5", "t_sep"]}

@@ -28,6 +28,7 @@ ROWS = [
     ("r0.1_taylor_lr1e-4", 0.1, "taylor", 1e-4, 0.5),
     ("r0.1_taylor_lr2e-4", 0.1, "taylor", 2e-4, 0.5),
     ("r0.1_taylor_lr1e-3", 0.1, "taylor", 1e-3, 0.5),
+    ("r0.1_taylor_lr2e-3", 0.1, "taylor", 2e-3, 0.5),  # is 1e-3 the top of the curve?
 ]
 
 

@@ -13,6 +13,12 @@ detections to results/det_ssd_test.png (the plot of mAP against r, results/det_s
 * coco128 (real COCO 2017 images; trained and evaluated on the same 128 images, the customary use
   of that set): dense and N=2 r=0.1, at 320x320.
 
+The same at twice the width (``ssd_small_split``, 64-channel stages: 32 per node at N=2), on the
+generated set only, for the capacity question of recipes/det/README.md; results/det_ssd_small.json:
+
+    python recipes/det/run.py --model ssd_small_split --runs runs/det_w64 --name det_ssd_small --coco '' \
+        --threads 1 --only n2_r1 n2_r0.1_taylor n2_r0
+
 Smoke run (tiny, into a scratch folder, nothing under results/):
 
     python recipes/det/run.py --limit 16 --dense-epochs 1 --epochs 1 --coco-dense-epochs 1 --coco-epochs 1 \\
@@ -47,6 +53,9 @@ RUNS = [
     # Taylor scores (first-order loss change per byte) instead of weight magnitude per byte
     ("n2_r0.1_taylor", 2, 0.1, {"selection": "taylor"}),
     ("n4_r0.1_taylor", 4, 0.1, {"selection": "taylor"}),
+    # 3x the fine-tuning, and separated branches fine-tuned as long (the fair comparison for it)
+    ("n2_r0.1_taylor_ft30", 2, 0.1, 30, {"selection": "taylor"}),
+    ("n2_r0_ft30", 2, 0.0, 30),
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
@@ -74,6 +83,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="threads of the dense runs")
     p.add_argument("--workers", type=int, default=2, help="DISCO runs in parallel (one thread each)")
     p.add_argument("--only", nargs="*", help="run only these DISCO names (e.g. n2_r0.1)")
+    p.add_argument("--name", default="det_ssd",
+                   help="results/NAME.json and its picture (another --model: another name and --runs)")
     args = p.parse_args()
     runs, results = Path(args.runs), Path(args.results)
     runs.mkdir(parents=True, exist_ok=True)
@@ -117,14 +128,14 @@ def main() -> None:
         for s in COCO_RUNS:
             r = one("det_coco128", coco, cdense, s, args.coco_epochs, args.coco_batch_size)
             entries.append(_entry(r, args.coco_model, "coco128", cshape, args.distill))
-    out = results / "det_ssd.json"
+    out = results / f"{args.name}.json"
     out.write_text(json.dumps(entries, indent=1) + "\n")
     print(f"wrote {out}")
 
     if all((runs / f"{n}.safetensors").is_file() for n in ("n2_r0.1", "n2_r0")):
         from picture import make_picture
 
-        pic = make_picture(runs, args.data, results / "det_ssd_test.png")
+        pic = make_picture(runs, args.data, results / f"{args.name}_test.png")
         print(f"wrote {pic}")
 
 

@@ -49,6 +49,13 @@ RUNS = [
     ("n2_r0.1_taylor_lr1e-3", 2, 0.1, {"selection": "taylor", "lr": 1e-3}),
     ("n2_r0.1_taylor_ft300_lr1e-3", 2, 0.1, 300, {"selection": "taylor", "lr": 1e-3}),
     ("n4_r0.1_taylor_ft60_lr1e-3", 4, 0.1, 60, {"selection": "taylor", "lr": 1e-3}),
+    # the second sweep: the settings that lifted N=4 above bicubic (Taylor, lr 1e-3, 60 epochs) at every ratio
+    ("n2_r0.1_taylor_ft60_lr1e-3", 2, 0.1, 60, {"selection": "taylor", "lr": 1e-3}),
+    ("n4_r0_ft60_lr1e-3", 4, 0.0, 60, {"lr": 1e-3}),
+    ("n2_r0_ft60_lr1e-3", 2, 0.0, 60, {"lr": 1e-3}),
+    ("n2_r0.05_taylor_ft60_lr1e-3", 2, 0.05, 60, {"selection": "taylor", "lr": 1e-3}),
+    ("n2_r0.2_taylor_ft60_lr1e-3", 2, 0.2, 60, {"selection": "taylor", "lr": 1e-3}),
+    ("n2_r0.5_taylor_ft60_lr1e-3", 2, 0.5, 60, {"selection": "taylor", "lr": 1e-3}),
 ]
 COMMITTED = {"dense": "rrdbnet_tiny_x4_dense.safetensors", "n2_r0.1": "rrdbnet_tiny_x4_n2_r0.1.safetensors",
              "n2_r0.1_taylor_ft300_lr1e-3": "rrdbnet_tiny_x4_n2_r0.1_taylor_ft300_lr1e-3.safetensors"}

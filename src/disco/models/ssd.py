@@ -193,6 +193,12 @@ def ssd_tiny_split(num_classes: int = 11, width: int = 32, levels: int = 5) -> S
     return SSDSplit(backbone, head, spec)
 
 
+@register_model("ssd_small_split")
+def ssd_small_split(num_classes: int = 11) -> SSDSplit:
+    """:func:`ssd_tiny_split` at twice the width (64-channel stages): 32 channels per node at N=2."""
+    return ssd_tiny_split(num_classes, width=64)
+
+
 _SPECS: dict[tuple[int, ...], SSDSpec] = {}  # head output channels -> spec, for outputs seen without their model
 
 
