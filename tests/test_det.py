@@ -99,7 +99,7 @@ def test_normalize_over_other_dim_is_refused() -> None:
 
 # ---- split SSD models: invariants 1-4 ------------------------------------------------------------------
 
-_SHAPES = {"ssd_tiny_split": (1, 3, 64, 64), "ssdlite320_split": (1, 3, 64, 64)}
+_SHAPES = {"ssd_tiny_split": (1, 3, 64, 64), "ssd_small_split": (1, 3, 64, 64), "ssdlite320_split": (1, 3, 64, 64)}
 
 
 def _setup(name: str, n: int, frac: float = 0.3):  # noqa: ANN202
