@@ -56,6 +56,7 @@ RUNS = [
     # 3x the fine-tuning, and separated branches fine-tuned as long (the fair comparison for it)
     ("n2_r0.1_taylor_ft30", 2, 0.1, 30, {"selection": "taylor"}),
     ("n2_r0_ft30", 2, 0.0, 30),
+    ("n2_r0.1_taylor_lr2e-3", 2, 0.1, {"selection": "taylor", "lr": 2e-3}),  # lr_sweep.py: 2e-3 beat 1e-3
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
