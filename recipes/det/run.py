@@ -17,7 +17,7 @@ The same at twice the width (``ssd_small_split``, 64-channel stages: 32 per node
 generated set only, for the capacity question of recipes/det/README.md; results/det_ssd_small.json:
 
     python recipes/det/run.py --model ssd_small_split --runs runs/det_w64 --name det_ssd_small --coco '' \
-        --threads 1 --only n2_r1 n2_r0.1_taylor n2_r0
+        --threads 1 --only n2_r1 n2_r0.1_taylor n2_r0 n2_r0.1_taylor_ft30 n2_r0_ft30 n2_r0.1_taylor_lr2e-3 n2_r0_lr2e-3
 
 Smoke run (tiny, into a scratch folder, nothing under results/):
 
@@ -57,6 +57,7 @@ RUNS = [
     ("n2_r0.1_taylor_ft30", 2, 0.1, 30, {"selection": "taylor"}),
     ("n2_r0_ft30", 2, 0.0, 30),
     ("n2_r0.1_taylor_lr2e-3", 2, 0.1, {"selection": "taylor", "lr": 2e-3}),  # lr_sweep.py: 2e-3 beat 1e-3
+    ("n2_r0_lr2e-3", 2, 0.0, {"lr": 2e-3}),  # separated branches at that rate: the fair comparison for it
 ]
 COCO_RUNS = [("coco128_n2_r0.1", 2, 0.1)]
 METRICS = ("map", "map50", "post_ms", "model_ms", "n")
