@@ -354,11 +354,13 @@ def det_summary(entries: list[dict]) -> str:
     lines, checks = [], []
     for e in sorted((e for e in entries if d and e["dataset"] == "generated" and e["name"].startswith("n2_r0.1")),
                     key=lambda e: (e["epochs"], e["name"])):
-        # separated branches fine-tuned as long, else the shortest-tuned ones
-        sep = next((x for x in seps if x["epochs"] == e["epochs"]), min(seps, key=lambda x: x["epochs"], default=None))
-        vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs) {sep['map']:.2f} "
+        # separated branches fine-tuned as long at the same rate, else as long, else the shortest-tuned ones
+        sep = next((x for x in seps if (x["epochs"], x.get("lr")) == (e["epochs"], e.get("lr"))), None) or next(
+            (x for x in seps if x["epochs"] == e["epochs"]), min(seps, key=lambda x: x["epochs"], default=None))
+        lr, sep_lr = (f", lr {x['lr']:g}" if x and x.get("lr") else "" for x in (e, sep))
+        vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs{sep_lr}) {sep['map']:.2f} "
                   f"({e['map'] - sep['map']:+.2f})") if sep else ""
-        lines.append(f"- generated set, N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs: "
+        lines.append(f"- generated set, N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{lr}: "
                      f"mAP {e['map']:.2f}, "
                      f"{e['map'] - d['map']:+.2f} points vs dense ({d['map']:.2f}){vs_sep}.")
         checks.append((e["map"] - d["map"], sep is not None and e["map"] > sep["map"], e["name"]))

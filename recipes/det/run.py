@@ -162,7 +162,8 @@ def _entry(r: dict, model: str, dataset: str, shape: str, distill: float) -> dic
         "selection": r["selection"], **{k: r[k] for k in METRICS if k in r}, "bytes": r["bytes"],
         "dense_bytes": r["dense_bytes"], "stats_bytes": r.get("stats_bytes", 0), "flops_total": r["flops_total"],
         "flops_dense": r["flops_dense"], "params_per_node": r["params_per_node"], "params_dense": r["params_dense"],
-        "input_shape": _shape(shape), "epochs": r.get("epochs"), "distill": distill, "checkpoint": None,
+        "input_shape": _shape(shape), "epochs": r.get("epochs"), "lr": r.get("lr"), "distill": distill,
+        "checkpoint": None,
     }
 
 
