@@ -145,18 +145,13 @@ def sr_summary(entries: list[dict]) -> str:
     dense = by["dense"]
     d5, b5 = dense["psnr_set5"], dense["bicubic_psnr_set5"]
     lines = []
-    seps = sorted((e for e in entries if e["nodes"] == 2 and e["ratio"] == 0), key=lambda e: e["epochs"])
+    seps = [e for e in entries if e["nodes"] == 2 and e["ratio"] == 0]
     r01 = sorted((e for e in entries if e["name"].startswith("n2_r0.1")), key=lambda e: (e["epochs"], e["name"]))
     for e in r01:
-        # separated branches fine-tuned as long at the same rate, else as long, else the longest-tuned shorter one
-        sep = next((x for x in seps if (x["epochs"], x.get("lr")) == (e["epochs"], e.get("lr"))), None) or next(
-            (x for x in seps if x["epochs"] == e["epochs"]), None) or next(
-            (x for x in reversed(seps) if x["epochs"] <= e["epochs"]), None)
-        sep_lr = f", lr {sep['lr']:g}" if sep and sep.get("lr") else ""
-        vs_sep = (f"; separated branches ({sep['epochs']} epochs{sep_lr}) {sep['psnr_set5']:.2f} dB "
+        sep = separated_for(e, seps)
+        vs_sep = (f"; separated branches ({sep['epochs']} epochs{_lr(sep)}) {sep['psnr_set5']:.2f} dB "
                   f"({e['psnr_set5'] - sep['psnr_set5']:+.2f})") if sep else ""
-        lr = f", lr {e['lr']:g}" if e.get("lr") else ""
-        lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{lr}: Set5 "
+        lines.append(f"- N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{_lr(e)}: Set5 "
                      f"{e['psnr_set5']:.2f} dB, {e['psnr_set5'] - d5:+.2f} dB vs dense ({d5:.2f}){vs_sep}.")
     if r01:
         best = max(r01, key=lambda e: e["psnr_set5"])
@@ -179,6 +174,21 @@ def sr_summary(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _lr(e: dict) -> str:
+    """``", lr 0.001"`` for a run that records its fine-tuning rate, else ``""`` (the recipe's default)."""
+    return f", lr {e['lr']:g}" if e.get("lr") else ""
+
+
+def separated_for(e: dict, seps: list[dict]) -> dict | None:
+    """The separated-branches run to compare ``e`` with: fine-tuned as long at the same rate, else as long,
+    else the longest-tuned shorter one, else the shortest-tuned one."""
+    same = [x for x in seps if x["epochs"] == e["epochs"]]
+    if same:
+        return next((x for x in same if x.get("lr") == e.get("lr")), same[0])
+    shorter = [x for x in seps if x["epochs"] < e["epochs"]]
+    return max(shorter, key=lambda x: x["epochs"]) if shorter else min(seps, key=lambda x: x["epochs"], default=None)
+
+
 def sweeps(entries: list[dict]) -> dict[tuple, list[dict]]:
     """The ratio sweeps among the DISCO runs: (scores, epochs, lr) -> its runs at every N, separated branches
     with the same fine-tuning included. A setting run at three or more ratios at N=2 is a sweep (a line in the
@@ -196,7 +206,7 @@ def sweeps(entries: list[dict]) -> dict[tuple, list[dict]]:
 
 def _sweep_label(key: tuple) -> str:
     sel, ep, lr = key
-    return f"{sel}, {ep} epochs" + (f", lr {lr:g}" if lr else "")
+    return f"{sel}, {ep} epochs" + _lr({"lr": lr})
 
 
 def _plot_sweeps(ax, entries: list[dict], metric: str) -> None:  # noqa: ANN001
@@ -216,9 +226,8 @@ def _plot_sweeps(ax, entries: list[dict], metric: str) -> None:  # noqa: ANN001
 
 def _extra_point(ax, e: dict, y: float) -> None:  # noqa: ANN001
     """One run outside the main sweep: a diamond for Taylor scores, else a star, labelled with what differs."""
-    lr = f", lr {e['lr']:g}" if e.get("lr") else ""
     ax.scatter([e["ratio"]], [y], marker="D" if e["selection"] == "taylor" else "*", s=60, zorder=3,
-               label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs{lr}")
+               label=f"N={e['nodes']}, {e['selection']}, {e['epochs']} fine-tuning epochs{_lr(e)}")
 
 
 def plot_sr(entries: list[dict], path: Path) -> None:
@@ -354,13 +363,10 @@ def det_summary(entries: list[dict]) -> str:
     lines, checks = [], []
     for e in sorted((e for e in entries if d and e["dataset"] == "generated" and e["name"].startswith("n2_r0.1")),
                     key=lambda e: (e["epochs"], e["name"])):
-        # separated branches fine-tuned as long at the same rate, else as long, else the shortest-tuned ones
-        sep = next((x for x in seps if (x["epochs"], x.get("lr")) == (e["epochs"], e.get("lr"))), None) or next(
-            (x for x in seps if x["epochs"] == e["epochs"]), min(seps, key=lambda x: x["epochs"], default=None))
-        lr, sep_lr = (f", lr {x['lr']:g}" if x and x.get("lr") else "" for x in (e, sep))
-        vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs{sep_lr}) {sep['map']:.2f} "
+        sep = separated_for(e, seps)
+        vs_sep = (f"; separated branches ({sep['epochs']} fine-tuning epochs{_lr(sep)}) {sep['map']:.2f} "
                   f"({e['map'] - sep['map']:+.2f})") if sep else ""
-        lines.append(f"- generated set, N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{lr}: "
+        lines.append(f"- generated set, N=2, r=0.1, {e['selection']} scores, {e['epochs']} fine-tuning epochs{_lr(e)}: "
                      f"mAP {e['map']:.2f}, "
                      f"{e['map'] - d['map']:+.2f} points vs dense ({d['map']:.2f}){vs_sep}.")
         checks.append((e["map"] - d["map"], sep is not None and e["map"] > sep["map"], e["name"]))

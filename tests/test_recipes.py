@@ -78,3 +78,15 @@ def test_sweeps_group_runs_by_setting_with_their_separated_branches():
     got = {k: sorted(e["name"] for e in v) for k, v in sweeps(entries).items()}
     assert got == {("magnitude", 20, None): ["m0.1", "m0.2", "m0.5", "m4", "m_sep"],
                    ("taylor", 60, 1e-3): ["t0.1", "t0.2", "t0.5", "t_sep"]}
+
+
+def test_separated_for_prefers_the_same_length_and_rate():
+    from tables import separated_for
+
+    seps = [{"epochs": 20, "lr": None}, {"epochs": 60, "lr": 1e-3}, {"epochs": 60, "lr": None},
+            {"epochs": 300, "lr": None}]
+    assert separated_for({"epochs": 60, "lr": None}, seps) is seps[2]  # same length and rate
+    assert separated_for({"epochs": 60, "lr": 2e-3}, seps) is seps[1]  # same length, first of them
+    assert separated_for({"epochs": 100}, seps) is seps[1]  # the longest-tuned shorter one
+    assert separated_for({"epochs": 10}, seps) is seps[0]  # none shorter: the shortest
+    assert separated_for({"epochs": 10}, []) is None
