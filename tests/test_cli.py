@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from disco.cli import main
 
@@ -130,3 +131,45 @@ def test_demo_json(capsys):
     assert d["max_rel_err_vs_single_process"] < 1e-4
     assert d["bytes_sent_total"] == d["bytes"] and abs(d["ratio"] - 0.2) <= 0.01
     assert set(d["latency_ms"]) == {"dense", "disco"}
+
+
+def test_seed_governs_data_order_and_results(tiny_cifar, tmp_path, capsys):
+    """--seed reaches the data loader (order and augmentation): one seed twice is identical, two seeds differ."""
+    from disco.loading import load
+    from disco.tasks import get_task
+
+    def first_batches(seed):
+        train, _ = get_task("cifar10").loaders(str(tiny_cifar), 8, seed=seed)
+        return [(x.clone(), y.clone()) for x, y in train][:3]
+
+    a, a2, b = first_batches(1), first_batches(1), first_batches(2)
+    assert all(torch.equal(x, x2) and torch.equal(y, y2) for (x, y), (x2, y2) in zip(a, a2, strict=True))
+    assert any(not torch.equal(y, yb) for (_, y), (_, yb) in zip(a, b, strict=True))
+
+    dense = tmp_path / "dense.safetensors"
+    assert main(["train", "--data", str(tiny_cifar), "--model", "cifar_resnet8", "--epochs", "1",
+                 "--batch-size", "16", "--out", str(dense)]) == 0
+
+    def run(seed, name):
+        out = tmp_path / f"{name}.safetensors"
+        assert main(["sparsify", str(dense), "--data", str(tiny_cifar), "--ratio", "0.2", "--epochs", "1",
+                     "--batch-size", "16", "--selection", "magnitude", "--seed", str(seed), "--out", str(out)]) == 0
+        capsys.readouterr()
+        loaded = load(out)
+        return loaded.ckpt.info["history"][0]["loss"], loaded.model.plain_state_dict()
+
+    (l1, w1), (l1b, w1b), (l2, w2) = run(1, "s1"), run(1, "s1b"), run(2, "s2")
+    assert l1 == l1b and all(torch.equal(w1[k], w1b[k]) for k in w1)
+    assert l1 != l2 and any(not torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_train_subset_is_fixed_per_seed(tiny_cifar):
+    from disco.tasks import get_task
+
+    def labels(seed):
+        train, _ = get_task("cifar10").loaders(str(tiny_cifar), 100, seed=seed)
+        return sorted(train.restrict(20, seed).y.tolist()), len(train)
+
+    assert labels(3) == labels(3) and labels(3) != labels(4) and labels(3)[1] == 1
+    with pytest.raises(ValueError, match="subset of 100 images"):
+        get_task("cifar10").loaders(str(tiny_cifar), 8)[0].restrict(100, 0)

@@ -21,15 +21,16 @@ def _threads(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from .checkpoint import Checkpoint, save_checkpoint
     from .models import build_model
+    from .seed import seed_everything
     from .tasks import get_task
     from .train import fit
 
     task = get_task(args.task)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     name = args.model or task.default_model
     kwargs = dict(task.model_kwargs)
     model = build_model(name, weights=args.weights, **kwargs)
-    train, test = task.loaders(args.data, args.batch_size, limit=args.limit)
+    train, test = task.loaders(args.data, args.batch_size, limit=args.limit, seed=args.seed)
     out = Path(args.out)
     lr = args.lr if args.lr is not None else getattr(task, "lr", 0.1)
     wd = args.wd if args.wd is not None else getattr(task, "weight_decay", 5e-4)
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, default=128)
     t.add_argument("--limit", type=int, help="use only the first LIMIT images of each split (smoke runs)")
     t.add_argument("--eval-every", action="store_true", help="evaluate after every epoch")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seeds init, data order and augmentation")
     t.add_argument("--threads", type=int)
     t.add_argument("--out", required=True, help="checkpoint to write (.safetensors); resumes if interrupted")
     t.set_defaults(func=cmd_train)

@@ -54,7 +54,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
     cfg = SparsifyConfig(nodes=args.nodes, ratio=args.ratio, budget=args.budget, selection=args.selection,
                          epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr,
-                         distill=args.distill, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                         distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
+                         batch_size=args.batch_size,
                          optimizer=args.optimizer, weight_decay=args.wd)
     res = sparsify(args.checkpoint, args.data, args.out, cfg)
     print(json.dumps(res | {"checkpoint": args.out}))
@@ -190,7 +191,9 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--wd", type=float, help="weight decay (default: the task's)")
     s.add_argument("--batch-size", type=int, default=128)
     s.add_argument("--limit", type=int)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--train-subset", type=int, help="fine-tune on this many training images (a fixed subset per seed)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="seeds everything random: data order, augmentation, subset, random links")
     s.add_argument("--threads", type=int)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_sparsify)

@@ -112,6 +112,14 @@ class CifarLoader:
     def __len__(self) -> int:
         return (len(self.y) + self.batch_size - 1) // self.batch_size
 
+    def restrict(self, n: int, seed: int) -> CifarLoader:
+        """Keep ``n`` images drawn with ``seed`` (a fixed subset per seed); returns ``self``."""
+        if not 0 < n <= len(self.y):
+            raise ValueError(f"a subset of {n} images is not possible from a split of {len(self.y)}")
+        keep = np.sort(np.random.default_rng(seed).permutation(len(self.y))[:n])
+        self.x, self.y = self.x[keep], self.y[keep]
+        return self
+
     def _augment(self, x: Tensor) -> Tensor:
         n = x.shape[0]
         padded = torch.nn.functional.pad(x, (4, 4, 4, 4), mode="reflect")

@@ -9,12 +9,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..cost import estimate
 from ..graph import partition
 from ..loading import load, save_disco
 from ..masks import DiscoModel
+from ..seed import seed_everything
 from ..tasks import get_task
 from ..train import fit
 from .prune import GradualPruner
@@ -38,7 +37,16 @@ class SparsifyConfig:
     distill: float = 0.0  # weight of the distillation loss from the dense model
     every: int = 25  # steps between pruning updates
     limit: int | None = None
-    seed: int = 0
+    train_subset: int | None = None  # fine-tune on this many training images, a fixed subset per seed
+    seed: int = 0  # governs everything random: data order, augmentation, random links, init
+
+
+def _subset(loader: Any, cfg: SparsifyConfig, task: str) -> Any:
+    if cfg.train_subset is None:
+        return loader
+    if not hasattr(loader, "restrict"):
+        raise ValueError(f"task {task!r} cannot fine-tune on a training subset (--train-subset)")
+    return loader.restrict(cfg.train_subset, cfg.seed)
 
 
 def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig) -> dict[str, Any]:
@@ -46,7 +54,7 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
 
     Returns the result entry (nodes, achieved ratio, metrics, cost) and writes ``out``.
     """
-    torch.manual_seed(cfg.seed)
+    seed_everything(cfg.seed)
     loaded = load(dense)
     if loaded.partition is not None:
         raise ValueError(f"{dense} is already a DISCO checkpoint; start from a dense one")
@@ -56,11 +64,12 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
     teacher = copy.deepcopy(model).eval() if cfg.distill > 0 else None
     part = partition(model, tuple(ckpt.input_shape), cfg.nodes)
     dm = DiscoModel(model, part)
-    train, test = task.loaders(data, cfg.batch_size, limit=cfg.limit)
+    train, test = task.loaders(data, cfg.batch_size, limit=cfg.limit, seed=cfg.seed)
+    train = _subset(train, cfg, task.name)
     steps = cfg.epochs * len(train)
     taylor_fn = None
     if cfg.selection == "taylor":
-        calib = task.loaders(data, 64, limit=cfg.limit)[0]
+        calib = _subset(task.loaders(data, 64, limit=cfg.limit, seed=cfg.seed + 1)[0], cfg, task.name)
         taylor_fn = lambda d: taylor_scores(d, itertools.islice(iter(calib), 4), task.loss)  # noqa: E731
     pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
                            selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed)

@@ -21,8 +21,11 @@ class Cifar10:
     model_kwargs: dict[str, Any] = {"num_classes": 10}
     temperature = 4.0
 
-    def loaders(self, data: str, batch_size: int = 128, limit: int | None = None) -> tuple[Any, Any]:
-        return (CifarLoader(data, "train", batch_size, train=True, limit=limit),
+    def loaders(
+        self, data: str, batch_size: int = 128, limit: int | None = None, seed: int = 0,
+    ) -> tuple[Any, Any]:
+        """Shuffled, augmented training batches (order and augmentation drawn from ``seed``) and the test split."""
+        return (CifarLoader(data, "train", batch_size, train=True, limit=limit, seed=seed),
                 CifarLoader(data, "test", 500, limit=limit))
 
     def loss(self, out: Tensor, target: Tensor) -> Tensor:

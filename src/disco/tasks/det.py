@@ -48,11 +48,13 @@ class Detection:
         """The COCO folder behind ``--data``."""
         return data
 
-    def loaders(self, data: str, batch_size: int = 32, limit: int | None = None) -> tuple[Any, Any]:
+    def loaders(
+        self, data: str, batch_size: int = 32, limit: int | None = None, seed: int = 0,
+    ) -> tuple[Any, Any]:
         folder = self.folder(data)
         train = CocoDet(folder, "train", self.size, limit=limit)
         test = CocoDet(folder, "test", self.size, limit=limit)
-        return DetLoader(train, batch_size, train=True), DetLoader(test, min(batch_size, 32))
+        return DetLoader(train, batch_size, train=True, seed=seed), DetLoader(test, min(batch_size, 32))
 
     def post(self, outputs: tuple[Tensor, ...], model: nn.Module | None = None) -> SSDPost:
         """The post-processing for a model (its spec), or for outputs seen without it (by their channels)."""

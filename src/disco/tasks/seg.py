@@ -73,14 +73,17 @@ class Segmentation:
     weight_decay = 1e-4
     temperature = 2.0  # of the per-pixel KL distillation
 
-    def loaders(self, data: str, batch_size: int = 8, limit: int | None = None) -> tuple[Any, Any]:
+    def loaders(
+        self, data: str, batch_size: int = 8, limit: int | None = None, seed: int = 0,
+    ) -> tuple[Any, Any]:
         """Training crops (decoded on first use) and the evaluation split; ``limit`` caps the images."""
         layout = find_layout(data)
         if layout.kind != self.kind:
             raise ValueError(f"{data} is a {layout.kind} folder; task {self.name!r} reads {self.kind} "
                              f"(use --task {layout.kind})")
         n = len(self.classes)
-        return (SegTrainLoader(data, n, "train", batch_size, self.crop, self.base_scale, self.scale_range, limit),
+        return (SegTrainLoader(data, n, "train", batch_size, self.crop, self.base_scale, self.scale_range, limit,
+                               seed),
                 SegEvalSet(data, n, self.eval_split, self.base_scale, self.eval_batch, limit))
 
     def loss(self, out: Tensor, target: Tensor) -> Tensor:

@@ -86,12 +86,14 @@ class SuperResolution:
     finetune_lr = 5e-4
     weight_decay = 0.0
 
-    def loaders(self, data: str, batch_size: int = 16, limit: int | None = None) -> tuple[Any, Any]:
+    def loaders(
+        self, data: str, batch_size: int = 16, limit: int | None = None, seed: int = 0,
+    ) -> tuple[Any, Any]:
         """Training patches and the evaluation sets; ``limit`` caps the images of every folder."""
         train_dir, eval_dirs = sr_folders(data)
         if not eval_dirs:
             log.warning("%s holds none of %s: evaluation will be empty", data, ", ".join(("set5", "set14", "bsd100")))
-        return (SRTrainLoader(train_dir, self.scale, self.patch, batch_size, limit=limit),
+        return (SRTrainLoader(train_dir, self.scale, self.patch, batch_size, limit=limit, seed=seed),
                 SREvalSets(eval_dirs, self.scale, limit=limit))
 
     def loss(self, out: Tensor, target: Tensor) -> Tensor:
