@@ -29,16 +29,19 @@ def cmd_cost(args: argparse.Namespace) -> int:
         loaded = load(args.model)
         if loaded.partition is None:
             raise ValueError(f"{args.model} is a dense checkpoint: cost it by its model name with --ratio")
+        if args.shares is not None:
+            raise ValueError(f"{args.model} is a DISCO checkpoint: its node shares are fixed "
+                             f"({loaded.partition.shares or 'equal'}); --shares applies to a model name")
         if args.nodes is not None and args.nodes != loaded.partition.nodes:
             raise ValueError(f"{args.model} is split over N={loaded.partition.nodes}, not --nodes {args.nodes}")
         part, kept = loaded.partition, loaded.model.kept
         if args.input_shape and tuple(args.input_shape) != part.input_shape:
             log.warning("a checkpoint is costed at its own input shape %s", part.input_shape)
     else:
-        nodes = args.nodes or 2
+        nodes = args.nodes or (len(args.shares) if args.shares else 2)
         model = build_model(args.model, weights=args.weights)
         shape = args.input_shape or (1, 3, 224, 224)
-        part = partition(model, shape, nodes)
+        part = partition(model, shape, nodes, args.shares)
         dm = DiscoModel(model, part)
         kept = select_links(part, magnitude_scores(dm), args.ratio, args.budget)
     rep = estimate(part, kept, bytes_per_value=args.bytes_per_value)
@@ -52,7 +55,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 def cmd_sparsify(args: argparse.Namespace) -> int:
     from .sparsify.run import SparsifyConfig, sparsify
 
-    cfg = SparsifyConfig(nodes=args.nodes, ratio=args.ratio, budget=args.budget, selection=args.selection,
+    cfg = SparsifyConfig(nodes=args.nodes, shares=args.shares, ratio=args.ratio, budget=args.budget,
+                         selection=args.selection,
                          epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr,
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size,
@@ -167,6 +171,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("cost", help="bytes, FLOPs, weights and memory of a split model")
     c.add_argument("model", help="torchvision or registered model name, or a DISCO checkpoint")
     c.add_argument("--nodes", type=int, help="N (default 2; a checkpoint brings its own)")
+    c.add_argument("--shares", type=_shares, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
     c.add_argument("--ratio", type=float, default=1.0, help="target r for a bare architecture (magnitude links)")
     c.add_argument("--budget", default="global", choices=("global", "layer"))
     c.add_argument("--input-shape", type=_shape, help="e.g. 1,3,224,224 (default for a bare model)")
@@ -180,6 +185,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("checkpoint", help="dense checkpoint (from disco train)")
     s.add_argument("--data", required=True)
     s.add_argument("--nodes", type=int, default=2)
+    s.add_argument("--shares", type=_shares, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
     s.add_argument("--ratio", type=float, required=True, help="target communication ratio (0 = separated)")
     s.add_argument("--budget", default="global", choices=("global", "layer"))
     s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random"))
@@ -213,6 +219,16 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--iters", type=int, default=20, help="timed inferences per measurement")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+
+def _shares(s: str) -> tuple[float, ...]:
+    try:
+        v = tuple(float(x) for x in s.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers like 2,1, got {s!r}") from e
+    if not all(x > 0 for x in v):
+        raise argparse.ArgumentTypeError(f"shares must be positive, got {s!r}")
+    return v
 
 
 def _shape(s: str) -> tuple[int, ...]:

@@ -59,6 +59,9 @@ class CostReport:
     peak_activation_bytes_per_node: list[int]
     bytes_per_value: int
     layers: list[LayerCost] = field(default_factory=list)
+    bytes_sent_per_node: list[int] = field(default_factory=list)  # link bytes each node sends ...
+    bytes_received_per_node: list[int] = field(default_factory=list)  # ... and receives
+    shares: list[float] | None = None  # node shares of the channels (None: equal)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -77,6 +80,24 @@ def _connections(part: Partition, kept: np.ndarray) -> list[np.ndarray]:
 
 def _dense_connections(part: Partition) -> list[int]:
     return [int(ly.structure().sum()) for ly in part.layers]
+
+
+def link_senders(part: Partition) -> np.ndarray:
+    """[n_links]: the node that owns (and sends) each link's channel."""
+    lk = part.links
+    out = np.zeros(len(lk), dtype=np.int64)
+    for t, name in enumerate(part.link_tensors):
+        sel = lk.tensor == t
+        out[sel] = part.owner[name][lk.channel[sel]]
+    return out
+
+
+def bytes_per_node(part: Partition, kept: np.ndarray, bytes_per_value: int = 4) -> tuple[list[int], list[int]]:
+    """Link bytes each node sends and receives with links ``kept``."""
+    v = part.links.values * kept
+    sent = np.bincount(link_senders(part), weights=v, minlength=part.nodes) * bytes_per_value
+    recv = np.bincount(part.links.receiver, weights=v, minlength=part.nodes) * bytes_per_value
+    return sent.astype(np.int64).tolist(), recv.astype(np.int64).tolist()
 
 
 def params_per_node(part: Partition, kept: np.ndarray) -> list[int]:
@@ -174,6 +195,7 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
 
     # ---- memory
     peak = _peak_memory(part, kept, bytes_per_value)
+    sent, received = bytes_per_node(part, kept, bytes_per_value)
 
     return CostReport(
         nodes=n, input_shape=list(part.input_shape), ratio=part.ratio(kept),
@@ -183,7 +205,8 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
         flops_dense=int(flops_dense), flops_total=int(flops.sum()), flops_per_node=flops.tolist(),
         params_dense=sum(p.numel() for p in part.gm.parameters()),
         params_per_node=params_per_node(part, kept), peak_activation_bytes_per_node=peak,
-        bytes_per_value=bytes_per_value, layers=layer_rows,
+        bytes_per_value=bytes_per_value, layers=layer_rows, bytes_sent_per_node=sent,
+        bytes_received_per_node=received, shares=list(part.shares) if part.shares else None,
     )
 
 
@@ -246,6 +269,9 @@ def format_table(rep: CostReport) -> str:
         f"FLOPs: one device {rep.flops_dense / 1e9:.3f} G, disco total {rep.flops_total / 1e9:.3f} G "
         f"({rep.flops_total / max(rep.flops_dense, 1):.2f}x), per node "
         + ", ".join(f"{f / 1e9:.3f}" for f in rep.flops_per_node) + " G",
+        "link bytes sent per node: " + ", ".join(f"{b / mb:.3f} MB" for b in rep.bytes_sent_per_node)
+        + "; received: " + ", ".join(f"{b / mb:.3f} MB" for b in rep.bytes_received_per_node)
+        + (f" (shares {', '.join(f'{s:g}' for s in rep.shares)})" if rep.shares else ""),
         f"weights: whole model {rep.params_dense / 1e6:.3f} M, per node "
         + ", ".join(f"{p / 1e6:.3f} M ({p / max(rep.params_dense, 1):.2f}x)" for p in rep.params_per_node),
         "peak activations per node: " + ", ".join(f"{p / mb:.2f} MB" for p in rep.peak_activation_bytes_per_node),

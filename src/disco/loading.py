@@ -36,7 +36,7 @@ def load(path: str | Path) -> Loaded:
     model = _plain(ckpt, path)
     if ckpt.disco is None:
         return Loaded(ckpt, model.eval(), None)
-    part = partition(model, tuple(ckpt.input_shape), ckpt.nodes)
+    part = partition(model, tuple(ckpt.input_shape), ckpt.nodes, ckpt.disco.get("shares"))
     _check_fingerprint(ckpt, part, path)
     return Loaded(ckpt, DiscoModel(model, part, ckpt.kept()).eval(), part)
 
@@ -58,6 +58,9 @@ def load_into(dm: DiscoModel, path: str | Path, model_name: str | None = None) -
         raise CheckpointError(f"{path} is a dense checkpoint; it has no kept links to load into a DISCO model")
     if ckpt.nodes != dm.partition.nodes:
         raise CheckpointError(f"{path} is for N={ckpt.nodes} nodes; this model is split over N={dm.partition.nodes}")
+    if tuple(ckpt.disco.get("shares") or ()) != tuple(dm.partition.shares or ()):
+        raise CheckpointError(f"{path} has node shares {ckpt.disco.get('shares')}; this model's are "
+                              f"{dm.partition.shares}")
     _check_fingerprint(ckpt, dm.partition, path)
     plain = {k: v for k, v in ckpt.state_dict.items()}
     target = dm.plain_state_dict()
@@ -78,7 +81,8 @@ def save_disco(dm: DiscoModel, path: str | Path, model_cfg: dict, task: str | No
                info: dict | None = None, extra: dict | None = None) -> Path:
     """Save a DISCO model: masked weights, partition fingerprint, N and kept links."""
     part = dm.partition
-    disco = {"nodes": part.nodes, "fingerprint": part.fingerprint(), "n_links": part.n_links,
+    disco = {"nodes": part.nodes, **({"shares": list(part.shares)} if part.shares else {}),
+             "fingerprint": part.fingerprint(), "n_links": part.n_links,
              "kept": pack_bits(dm.kept), "ratio": dm.ratio, **(extra or {})}
     return save_checkpoint(Checkpoint(model=model_cfg, state_dict=dm.plain_state_dict(),
                                       input_shape=list(part.input_shape), task=task, disco=disco,

@@ -127,11 +127,39 @@ def describe(node: fx.Node, gm: fx.GraphModule) -> str:
     return what
 
 
-def split_owner(n: int, nodes: int) -> np.ndarray:
-    """Balanced contiguous split of n channels over ``nodes`` (the first n % nodes get one more)."""
-    base, extra = divmod(n, nodes)
-    sizes = [base + (k < extra) for k in range(nodes)]
-    return np.repeat(np.arange(nodes), sizes)
+def share_sizes(n: int, nodes: int, shares: tuple[float, ...] | None = None) -> list[int]:
+    """How many of n channels each node gets: proportional to ``shares`` (largest remainder, ties to
+    the lower rank, every node at least one channel when n >= nodes); equal shares: the first
+    n % nodes get one more."""
+    w = np.ones(nodes) if shares is None else np.asarray(shares, dtype=np.float64)
+    exact = n * w / w.sum()
+    sizes = np.floor(exact + 1e-9).astype(np.int64)
+    order = sorted(range(nodes), key=lambda k: (-(exact[k] - sizes[k]), k))
+    for k in order[:n - int(sizes.sum())]:
+        sizes[k] += 1
+    if n >= nodes:  # no node without channels: take one from the largest
+        for k in range(nodes):
+            if sizes[k] == 0:
+                sizes[int(np.argmax(sizes))] -= 1
+                sizes[k] = 1
+    return sizes.tolist()
+
+
+def split_owner(n: int, nodes: int, shares: tuple[float, ...] | None = None) -> np.ndarray:
+    """Contiguous split of n channels over ``nodes``, balanced or in proportion to ``shares``."""
+    return np.repeat(np.arange(nodes), share_sizes(n, nodes, shares))
+
+
+def check_shares(shares: tuple[float, ...] | list[float] | None, nodes: int) -> tuple[float, ...] | None:
+    """``shares`` as a tuple (None when absent or all equal); refuses a wrong length or a share <= 0."""
+    if shares is None:
+        return None
+    shares = tuple(float(s) for s in shares)
+    if len(shares) != nodes:
+        raise ValueError(f"shares {','.join(f'{s:g}' for s in shares)} has {len(shares)} entries, N is {nodes}")
+    if not all(math.isfinite(s) and s > 0 for s in shares):
+        raise ValueError(f"shares must be positive numbers, got {','.join(f'{s:g}' for s in shares)}")
+    return None if len(set(shares)) == 1 else shares
 
 
 @dataclass
@@ -209,6 +237,7 @@ class Partition:
     link_tensors: list[str]
     rules: dict[str, Rule] = field(repr=False)
     param_nodes: frozenset[str] = frozenset()  # get_attr nodes that are mixing weights (held by the layer)
+    shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
 
     @property
     def n_links(self) -> int:
@@ -253,14 +282,19 @@ class Partition:
         return np.zeros(self.n_links, dtype=bool)
 
 
-def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: int) -> Partition:
+def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: int,
+              shares: tuple[float, ...] | list[float] | None = None) -> Partition:
     """Trace ``model`` on ``example`` (a tensor or an input shape) and partition it over ``nodes``.
+
+    ``shares`` (one positive number per node, e.g. ``(2, 1)``): node j owns a part of every
+    layer's channels in proportion to its share (default: equal parts).
 
     Raises :class:`UnsupportedOpError` naming the op and its module path when an op
     has no rule.
     """
     if nodes < 1:
         raise ValueError(f"nodes must be >= 1, got {nodes}")
+    shares = check_shares(shares, nodes)
     if not isinstance(example, torch.Tensor):
         example = torch.zeros(tuple(example))
     gm = capture(model, example)
@@ -305,7 +339,7 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
         uniq, first = np.unique(roots, return_index=True)
         groups = uniq[np.argsort(first)]
         groups = groups[roots_owner[groups] == REPLICATED]
-        roots_owner[groups] = split_owner(len(groups), nodes)
+        roots_owner[groups] = split_owner(len(groups), nodes, shares)
 
     def owner_of(atoms: np.ndarray) -> np.ndarray:
         out = np.full(len(atoms), REPLICATED, dtype=np.int64)
@@ -333,7 +367,7 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
     part = Partition(
         nodes=nodes, gm=gm, input_shape=tuple(example.shape), owner=owner,
         cdim={n.name: c for n, c in b.cdim.items()}, base=base, base_names=base_names, layers=layers,
-        links=links, link_tensors=link_tensors, rules=rules, param_nodes=frozenset(param_nodes),
+        links=links, link_tensors=link_tensors, rules=rules, param_nodes=frozenset(param_nodes), shares=shares,
     )
     log.info("partitioned %s over %d nodes: %d mixing layers, %d links", type(model).__name__, nodes,
              len(layers), len(links))

@@ -8,10 +8,45 @@ import sys
 from typing import Any
 
 
+def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape: tuple[int, ...],
+                      shares: tuple[float, ...] | None = None, budget: str = "global", codec: str = "fp32",
+                      weights: str | None = None, seed: int = 0) -> dict[str, Any]:
+    """Export a bare architecture (random init, or ``weights``) with links chosen by weight magnitude at
+    ``ratio``, as ``disco cost MODEL`` costs it: for latency and memory, not for accuracy."""
+    import torch
+
+    from ..graph import partition
+    from ..masks import DiscoModel
+    from ..models import build_model
+    from ..sparsify import magnitude_scores, select_links
+    from .export import export
+
+    torch.manual_seed(seed)
+    model = build_model(name, weights=weights).eval()
+    part = partition(model, tuple(input_shape), nodes, shares)
+    dm = DiscoModel(model, part)
+    kept = select_links(part, magnitude_scores(dm), ratio, budget) if ratio < 1 else part.all_links()
+    dm.set_kept(kept)
+    return export(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
+                  info={"source": f"model name {name}, {'given weights' if weights else 'random init'}, "
+                                  f"magnitude links at r={ratio:g} ({budget} budget)"})
+
+
 def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from .export import export_checkpoint
 
-    man = export_checkpoint(args.ckpt, args.out, codec=args.codec)
+    if args.ckpt.endswith(".safetensors") or Path(args.ckpt).is_file():
+        if args.ratio is not None or args.shares is not None or args.nodes is not None:
+            raise ValueError(f"{args.ckpt} is a checkpoint: it brings its own N, shares and kept links "
+                             "(--nodes/--shares/--ratio are for a model name)")
+        man = export_checkpoint(args.ckpt, args.out, codec=args.codec)
+    else:
+        nodes = args.nodes or (len(args.shares) if args.shares else 2)
+        man = export_model_name(args.ckpt, args.out, nodes, 1.0 if args.ratio is None else args.ratio,
+                                args.input_shape or (1, 3, 224, 224), args.shares, args.budget, args.codec,
+                                args.weights)
     summary = {"out": args.out, "nodes": man["nodes"], "ratio": man["ratio"],
                "params_per_node": [s["params"] for s in man["shards"]],
                "bytes_per_node": [s["bytes"] for s in man["shards"]], "params_dense": man["params_dense"]}
@@ -77,7 +112,16 @@ def add_subcommands(sub: Any) -> None:
     from .node import add_run_options
 
     e = sub.add_parser("export", help="write one weight shard per node + a manifest from a DISCO checkpoint")
-    e.add_argument("ckpt", help="sparsified DISCO checkpoint (.safetensors)")
+    from ..commands import _shape, _shares
+
+    e.add_argument("ckpt", help="sparsified DISCO checkpoint (.safetensors), or a model name as in `disco cost` "
+                   "(random init, magnitude links at --ratio: for latency, not accuracy)")
+    e.add_argument("--nodes", type=int, help="model name: N (default 2)")
+    e.add_argument("--shares", type=_shares, help="model name: node shares, e.g. 2,1 (default equal)")
+    e.add_argument("--ratio", type=float, help="model name: target r (default 1 = dense)")
+    e.add_argument("--budget", default="global", choices=("global", "layer"))
+    e.add_argument("--input-shape", type=_shape, help="model name: e.g. 1,3,224,224")
+    e.add_argument("--weights", help="model name: local state-dict file")
     e.add_argument("--out", required=True, help="export directory")
     e.add_argument("--codec", default="fp32", help="default wire codec recorded in the manifest")
     e.add_argument("--json", action="store_true")

@@ -125,6 +125,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     save_file({"input": probe.contiguous(), **reference_outputs(ref)}, str(out / "reference.safetensors"))
     manifest = {
         "format": FORMAT, "version": VERSION, "model": model_spec, "model_hash": mhash, "nodes": part.nodes,
+        "shares": list(part.shares) if part.shares else None,
         "input_shape": list(part.input_shape), "input_dtype": "float32", "fingerprint": fp,
         "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
@@ -182,7 +183,8 @@ def meta_partition(manifest: dict[str, Any]) -> Partition:
     spec = manifest["model"]
     with torch.device("meta"):
         model = build_model(spec["name"], **spec.get("kwargs", {}))
-    return partition(model, torch.zeros(manifest["input_shape"], device="meta"), int(manifest["nodes"]))
+    return partition(model, torch.zeros(manifest["input_shape"], device="meta"), int(manifest["nodes"]),
+                     manifest.get("shares"))
 
 
 def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class SparsifyConfig:
     nodes: int = 2
+    shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
     ratio: float = 0.2
     budget: str = "global"  # or "layer"
     selection: str = "magnitude"  # or "taylor", "random"
@@ -62,7 +63,7 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
     task = get_task(ckpt.task or "cifar10")
     model = loaded.model
     teacher = copy.deepcopy(model).eval() if cfg.distill > 0 else None
-    part = partition(model, tuple(ckpt.input_shape), cfg.nodes)
+    part = partition(model, tuple(ckpt.input_shape), cfg.nodes, cfg.shares)
     dm = DiscoModel(model, part)
     train, test = task.loaders(data, cfg.batch_size, limit=cfg.limit, seed=cfg.seed)
     train = _subset(train, cfg, task.name)
@@ -89,7 +90,8 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
     metrics = task.evaluate(dm, test)
     rep = estimate(part, dm.kept)
     result = {
-        "nodes": cfg.nodes, "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
+        "nodes": cfg.nodes, "shares": list(part.shares) if part.shares else None,
+        "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
         "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
         "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
         "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
