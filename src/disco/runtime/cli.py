@@ -88,6 +88,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(rep))
     else:
         _print_report(rep)
+    err = rep.get("max_rel_err_vs_single_process")
+    limit = args.max_rel_err if args.max_rel_err is not None else (1e-4 if rep.get("codec") == "fp32" else None)
+    if err is not None and limit is not None and err > limit:
+        print(f"disco run: error: the split output differs from the single-process model by {err:.2e} "
+              f"(max rel. error allowed {limit:g}, --max-rel-err)", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -132,5 +138,8 @@ def add_subcommands(sub: Any) -> None:
     r.add_argument("--nodes", type=int, required=True)
     add_run_options(r)
     r.add_argument("--run-timeout", type=float, default=3600.0, help="seconds for the whole run")
+    r.add_argument("--max-rel-err", type=float,
+                   help="exit 3 when the output differs from the single-process model by more (relative); "
+                        "default 1e-4 with the lossless fp32 codec, unchecked with a lossy codec unless given")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)

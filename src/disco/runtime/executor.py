@@ -39,6 +39,7 @@ class Executor:
 
     def __init__(self, plan: NodePlan, gm: fx.GraphModule, weights: dict[str, Tensor], transport: Transport) -> None:
         self.plan, self.gm, self.w, self.tr = plan, gm, weights, transport
+        self.record: dict[str, Tensor] | None = None  # when a dict: every local value computed (debugging)
         self.mods = plan.local_modules(gm, weights)
         self.mix_modules = {ly.node: ly.view(gm) for ly in plan.part.layers}
         order = {nd.name: k for k, nd in enumerate(plan.nodes)}
@@ -215,6 +216,8 @@ class Executor:
 
                     args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), get)
                     env[name] = self._call(nd, args, kwargs)
+            if self.record is not None and isinstance(env.get(name), Tensor):
+                self.record[name] = env[name]
             ex = plan.sends_after.get(name)
             if ex is not None:
                 v = env[name]

@@ -16,9 +16,11 @@ loads only its own tensors.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,13 @@ VERSION = 1
 
 class ShardError(ValueError):
     """A shard or manifest that does not belong to this run (other model, N, rank) or is damaged."""
+
+
+class ExportProofError(ValueError):
+    """The node plans do not compute the model's own function on the probe input: nothing is written."""
+
+
+PROOF_TOLERANCE = 1e-4  # largest relative error of the split against the model's own forward
 
 
 
@@ -95,6 +104,10 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
 
     get_codec(codec)
     kept = part.all_links() if kept is None else np.asarray(kept, dtype=bool)
+    if probe is None:
+        g = torch.Generator().manual_seed(0)
+        probe = torch.randn(part.input_shape, generator=g)
+    ref = prove_split(model, part, kept, probe)  # before anything is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gm = part.gm
@@ -117,12 +130,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         tmp.replace(path)
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         shards.append({"file": path.name, "rank": j, "params": n_params, "bytes": nbytes, "sha256": digest})
-    if probe is None:
-        g = torch.Generator().manual_seed(0)
-        probe = torch.randn(part.input_shape, generator=g)
-    with torch.no_grad():
-        ref = gm(probe)
-    save_file({"input": probe.contiguous(), **reference_outputs(ref)}, str(out / "reference.safetensors"))
+    save_file({"input": probe.contiguous(), **ref}, str(out / "reference.safetensors"))
     manifest = {
         "format": FORMAT, "version": VERSION, "model": model_spec, "model_hash": mhash, "nodes": part.nodes,
         "shares": list(part.shares) if part.shares else None,
@@ -136,6 +144,97 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     log.info("exported %d shards to %s (params per node %s)", part.nodes, out, [s["params"] for s in shards])
     return manifest
+
+
+@contextlib.contextmanager
+def _masked(model: nn.Module, part: Partition, kept: np.ndarray) -> Iterator[nn.Module]:
+    """``model`` in eval mode computing the DISCO function of ``kept`` with its own forward: a
+    :class:`~disco.masks.DiscoModel` with its links set to ``kept``, or a plain model wrapped in place
+    with the masks for the duration (removed afterwards; a plain model with every link kept is itself)."""
+    from torch.nn.utils import parametrize
+
+    from ..masks import DiscoModel
+
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        if isinstance(model, DiscoModel):
+            old = model.kept.copy()
+            model.set_kept(kept)
+            try:
+                yield model
+            finally:
+                model.set_kept(old)
+        elif kept.all():
+            yield model
+        else:
+            dm = DiscoModel(model, part, kept)
+            try:
+                yield dm
+            finally:
+                for ly in part.layers:
+                    parametrize.remove_parametrizations(model.get_submodule(ly.name), ly.param,
+                                                        leave_parametrized=False)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def prove_split(model: nn.Module, part: Partition, kept: np.ndarray, probe: Tensor,
+                tol: float = PROOF_TOLERANCE) -> dict[str, Tensor]:
+    """Run the N node plans (threads of this process) on ``probe`` and compare their gathered output with
+    the model's own forward (masked by ``kept``, never our graph of it). Returns the reference outputs
+    (:func:`reference_outputs`); raises :class:`ExportProofError` naming the first op whose output parts
+    from the model's when the relative error exceeds ``tol``."""
+    from .local import simulate
+
+    with _masked(model, part, kept) as m, torch.no_grad():
+        ref = reference_outputs(m(probe))
+        out, _ = simulate(part, kept, probe, timeout=600.0)
+        err = compare_reference(out, ref)
+        if err <= tol:
+            log.info("split proved against the model's own forward: max rel. error %.2e", err)
+            return ref
+        graph_err = compare_reference(part.gm(probe), ref)
+        if graph_err > tol:
+            where = (f"the captured graph itself differs from the model's forward (rel. error {graph_err:.2e}): "
+                     "the forward has behaviour that torch.fx did not record")
+        else:
+            where = _first_divergence(part, kept, probe, tol)
+    raise ExportProofError(f"refusing to export: the split differs from the model's own forward on the probe "
+                           f"input (max rel. error {err:.2e} > {tol:g}); {where}")
+
+
+def _first_divergence(part: Partition, kept: np.ndarray, probe: Tensor, tol: float) -> str:
+    """The first op (graph order) whose output assembled from the nodes differs from the single-process graph."""
+    from ..graph.partition import describe
+    from .local import simulate
+
+    values: dict[str, Any] = {}
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:  # noqa: D102
+            v = super().run_node(n)
+            values[n.name] = v
+            return v
+
+    _Recorder(part.gm).run(probe)
+    records: list[dict[str, Tensor]] = []
+    simulate(part, kept, probe, timeout=600.0, records=records)
+    plans = [NodePlan(part, kept, j) for j in range(part.nodes)]
+    for nd in part.gm.graph.nodes:
+        ref = values.get(nd.name)
+        if part.owner.get(nd.name) is None or not isinstance(ref, Tensor) or not ref.is_floating_point():
+            continue
+        cdim = part.cdim[nd.name]
+        full = torch.zeros_like(ref)
+        for j, rec in enumerate(records):
+            if nd.name in rec:
+                full.index_copy_(cdim, torch.as_tensor(plans[j].local[nd.name]), rec[nd.name])
+        err = float((full - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+        if err > tol:
+            return f"first difference at {describe(nd, part.gm)} (rel. error {err:.2e})"
+    return "no single op's output differs (the difference is in gathering the output)"
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32") -> dict[str, Any]:
@@ -177,14 +276,26 @@ class NodeState:
 
 
 def meta_partition(manifest: dict[str, Any]) -> Partition:
-    """Rebuild the architecture on the meta device and partition it (no weight memory)."""
+    """Rebuild the architecture on the meta device and partition it (no weight memory).
+
+    A constructor that needs real tensors (torchvision's RegNet calls ``.tolist()``) fails on the meta
+    device; the architecture is then built on the CPU with random weights (which are dropped: the node
+    loads its shard) and partitioned on a CPU input of the same shape."""
     from ..models import build_model
 
     spec = manifest["model"]
-    with torch.device("meta"):
-        model = build_model(spec["name"], **spec.get("kwargs", {}))
-    return partition(model, torch.zeros(manifest["input_shape"], device="meta"), int(manifest["nodes"]),
-                     manifest.get("shares"))
+    shape, nodes = manifest["input_shape"], int(manifest["nodes"])
+    try:
+        with torch.device("meta"):
+            model = build_model(spec["name"], **spec.get("kwargs", {}))
+        return partition(model, torch.zeros(shape, device="meta"), nodes, manifest.get("shares"))
+    except (RuntimeError, NotImplementedError) as e:
+        log.info("%s cannot be built on the meta device (%s); building it on the CPU", spec["name"],
+                 str(e).splitlines()[0] if str(e) else type(e).__name__)
+    model = build_model(spec["name"], **spec.get("kwargs", {}))
+    part = partition(model, torch.zeros(shape), nodes, manifest.get("shares"))
+    model.to("meta")  # the graph shares these modules: drop the random weights, as on the meta path
+    return part
 
 
 def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:

@@ -15,8 +15,11 @@ from .transport import LinkModel, LocalHub, ThreadTransport
 
 
 def simulate(part: Partition, kept: np.ndarray | None, x: Tensor, codec: str = "fp32",
-             link: LinkModel | None = None, timeout: float = 30.0) -> tuple[Any, list[ThreadTransport]]:
-    """The leader's gathered output and every node's transport (with its byte counters)."""
+             link: LinkModel | None = None, timeout: float = 30.0, records: list[dict[str, Tensor]] | None = None,
+             ) -> tuple[Any, list[ThreadTransport]]:
+    """The leader's gathered output and every node's transport (with its byte counters).
+
+    With a list ``records``, it receives one dict per node: the node's local part of every value it computed."""
     kept = part.all_links() if kept is None else np.asarray(kept, dtype=bool)
     hub = LocalHub()
     results: dict[int, Any] = {}
@@ -31,6 +34,9 @@ def simulate(part: Partition, kept: np.ndarray | None, x: Tensor, codec: str = "
                              cdims={ex.tag: ex.cdim for ex in plan.exchanges.values()})
         trs.append(tr)
         execs.append(Executor(plan, part.gm, weights, tr))
+        if records is not None:
+            execs[-1].record = {}
+            records.append(execs[-1].record)
 
     def work(j: int) -> None:
         try:
