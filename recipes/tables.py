@@ -1,8 +1,10 @@
-"""Regenerate the plots and the README tables from results/*.json (no number is typed by hand).
+"""Regenerate the plots and the tables of README.md and docs/*.md from results/*.json (no number is typed by hand).
 
-    python recipes/tables.py
+    python recipes/tables.py            # rewrite every table and plot
+    python recipes/tables.py --check    # exit 1 if a page is not what the JSON gives (no file written)
 
-Each table sits in README.md between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``.
+Each table sits in a page between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``; NAME is a key of
+:data:`TABLES`.
 """
 
 from __future__ import annotations
@@ -431,44 +433,161 @@ def latency_headline(data: dict | list) -> str:
     return "\n".join(rows)
 
 
-# README marker -> (results JSON, table renderer, plot or None)
-TABLES = {
-    "cifar10_resnet": ("cifar10_resnet", cifar10_resnet, plot_cifar10),
-    "cifar10_summary": ("cifar10_resnet", cifar10_summary, None),
-    "cifar10_vit": ("cifar10_vit", cifar10_resnet, plot_cifar10_vit),
-    "cifar10_vit_summary": ("cifar10_vit", cifar10_vit_summary, None),
-    "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet, plot_sr),
-    "sr_summary": ("sr_rrdbnet", sr_summary, None),
-    "seg_deeplabv3plus": ("seg_deeplabv3plus", seg_deeplabv3plus, plot_seg),
-    "seg_summary": ("seg_deeplabv3plus", seg_summary, None),
-    "det_ssd": ("det_ssd", det_ssd, plot_det),
-    "det_summary": ("det_ssd", det_summary, None),
-    "det_lr": ("det_ssd_lr", det_lr, None),
-    "det_ssd_small": ("det_ssd_small", det_ssd, None),
-    "det_small_summary": ("det_ssd_small", det_summary, None),
-    "latency": ("latency", latency_headline, None),  # its plot comes from bench/latency.py
+def model_size(entries: list[dict]) -> str:
+    """The size of a results file's dense model(s): parameters and FLOPs at the partition's input shape."""
+    lines = []
+    for d in (e for e in entries if e["nodes"] == 1):
+        shape = "x".join(str(v) for v in d["input_shape"][1:]) if d.get("input_shape") else None
+        at = f" at {shape}" if shape else " per image"
+        lines.append(f"- `{d['model']}`: {d['params_per_node'][0] / 1e6:.2f} M parameters, "
+                     f"{d['flops_total'] / 1e9:.3f} GFLOPs{at}.")
+    return "\n".join(lines)
+
+
+# the task and metric of each results file in the headline table: (label, metric key, unit, higher is better)
+HEADLINE = {
+    "cifar10_resnet": ("CIFAR-10 classification", "top1", "top-1 %"),
+    "cifar10_vit": ("CIFAR-10 classification", "top1", "top-1 %"),
+    "sr_rrdbnet": ("x4 super-resolution", "psnr_set5", "Set5 PSNR dB"),
+    "seg_deeplabv3plus": ("CamVid segmentation", "miou", "mIoU %"),
+    "det_ssd": ("detection (generated set)", "map", "mAP"),
+    "det_ssd_small": ("detection (generated set)", "map", "mAP"),
 }
 
 
-def main() -> None:
+def headline(results: dict[str, list[dict]]) -> str:
+    """One row per results file: dense, the best N=2 DISCO model at r = 0.1 and separated branches fine-tuned
+    the same way, with the bytes each moves."""
+    rows = ["| task | model | metric | dense (1 device) | DISCO N=2, r=0.1 (best run) | separated branches, N=2 | "
+            "KB moved / input: DISCO (dense split) |", "|" + "---|" * 7]
+    for name, (label, metric, unit) in HEADLINE.items():
+        entries = [e for e in results.get(name, []) if e.get("dataset", "generated") == "generated"]
+        dense = next((e for e in entries if e["nodes"] == 1), None)
+        runs = [e for e in entries if e["nodes"] == 2 and e.get("target_ratio", e["ratio"]) == 0.1
+                and e["selection"] != "random"]
+        if dense is None or not runs:
+            continue
+        best = max(runs, key=lambda e: e[metric])
+        sep = separated_for(best, [e for e in entries if e["nodes"] == 2 and e["ratio"] == 0])
+        sep_s = "-" if sep is None else f"{sep[metric]:.2f} ({sep['epochs']} epochs{_lr(sep)})"
+        rows.append(f"| {label} | `{dense['model']}` | {unit} | {dense[metric]:.2f} | {best[metric]:.2f} "
+                    f"({best['selection']}, {best['epochs']} epochs{_lr(best)}) | {sep_s} | "
+                    f"{best['bytes'] / 1e3:.1f} ({best['dense_bytes'] / 1e3:.1f}) |")
+    return "\n".join(rows)
+
+
+def latency_short(data: dict | list) -> str:
+    """Per model, N=2 over an emulated 100 Mbit/s link, fp32: dense within-layer parallelism against DISCO."""
+    entries = data["entries"] if isinstance(data, dict) else data
+    ok = [e for e in entries if e["nodes"] == 2 and e.get("bandwidth_mbit") == 100 and e.get("shaping") == "pacing"
+          and e.get("codec") == "fp32" and e.get("latency_ms_median") is not None]
+    rows = ["| model | input | dense ms | DISCO r=0.2 ms | DISCO r=0.1 ms | DISCO r=0.05 ms | r=0.1 vs dense |",
+            "|" + "---|" * 7]
+    for model in sorted({e["model"] for e in ok}):
+        dense = next((e for e in ok if e["model"] == model and e["mode"] == "dense"), None)
+        if dense is None:
+            continue
+        at = {round(e["ratio"], 2): e["latency_ms_median"] for e in ok if e["model"] == model and e["mode"] == "disco"}
+        cells = " | ".join(f"{at[r]:.0f}" if r in at else "-" for r in (0.2, 0.1, 0.05))
+        speed = f"{dense['latency_ms_median'] / at[0.1]:.1f}x" if 0.1 in at else "-"
+        shape = "x".join(str(v) for v in dense["input_shape"][1:])
+        rows.append(f"| {model} | {shape} | {dense['latency_ms_median']:.0f} | {cells} | {speed} |")
+    return "\n".join(rows)
+
+
+ALL = tuple(HEADLINE)  # a renderer over several results files gets {name: entries}
+
+# page marker -> (results JSON name(s), table renderer)
+TABLES = {
+    "cifar10_resnet": ("cifar10_resnet", cifar10_resnet),
+    "cifar10_summary": ("cifar10_resnet", cifar10_summary),
+    "cifar10_vit": ("cifar10_vit", cifar10_resnet),
+    "cifar10_vit_summary": ("cifar10_vit", cifar10_vit_summary),
+    "cifar10_vit_size": ("cifar10_vit", model_size),
+    "sr_rrdbnet": ("sr_rrdbnet", sr_rrdbnet),
+    "sr_summary": ("sr_rrdbnet", sr_summary),
+    "sr_size": ("sr_rrdbnet", model_size),
+    "seg_deeplabv3plus": ("seg_deeplabv3plus", seg_deeplabv3plus),
+    "seg_summary": ("seg_deeplabv3plus", seg_summary),
+    "seg_size": ("seg_deeplabv3plus", model_size),
+    "det_ssd": ("det_ssd", det_ssd),
+    "det_summary": ("det_ssd", det_summary),
+    "det_size": ("det_ssd", model_size),
+    "det_lr": ("det_ssd_lr", det_lr),
+    "det_ssd_small": ("det_ssd_small", det_ssd),
+    "det_small_summary": ("det_ssd_small", det_summary),
+    "det_small_size": ("det_ssd_small", model_size),
+    "latency": ("latency", latency_headline),
+    "latency_short": ("latency", latency_short),
+    "headline": (ALL, headline),
+}
+# results JSON name -> plot written next to it as NAME.png (the latency plot is bench/latency.py's)
+PLOTS = {"cifar10_resnet": plot_cifar10, "cifar10_vit": plot_cifar10_vit, "sr_rrdbnet": plot_sr,
+         "seg_deeplabv3plus": plot_seg, "det_ssd": plot_det}
+MARKER = re.compile(r"(<!-- table:(\w+) -->\n).*?(<!-- /table:\2 -->)", re.S)
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The pages whose markers are generated: README.md and docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render(text: str, results: Path) -> str:
+    """``text`` with every marker's body regenerated from the JSON in ``results`` (a marker whose JSON is
+    missing is left as it is; an unknown marker is an error)."""
+    cache: dict[str, object] = {}
+
+    def load(name: str) -> object:
+        if name not in cache:
+            f = results / f"{name}.json"
+            cache[name] = json.loads(f.read_text()) if f.is_file() else None
+        return cache[name]
+
+    def body(m: re.Match) -> str:
+        if m.group(2) not in TABLES:
+            raise KeyError(f"unknown table marker {m.group(2)!r} (known: {', '.join(TABLES)})")
+        source, table = TABLES[m.group(2)]
+        if isinstance(source, tuple):
+            data = {s: load(s) for s in source if load(s) is not None}
+        else:
+            data = load(source)
+            if data is None:
+                return m.group(0)
+        return m.group(1) + table(data) + "\n" + m.group(3)
+
+    return MARKER.sub(body, text)
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=str(ROOT / "results"), help="folder of the JSON files and plots")
-    p.add_argument("--readme", default=str(ROOT / "README.md"), help="file whose table markers are filled")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs from the JSON")
+    p.add_argument("--no-plots", action="store_true", help="rewrite the pages only")
+    p.add_argument("--pages", "--readme", nargs="+", type=Path,
+                   help="fill these pages (default: README.md and docs/*.md); a missing one is skipped")
     args = p.parse_args()
-    results, readme = Path(args.results), Path(args.readme)
-    text = readme.read_text()
-    for name, (source, table, plot) in TABLES.items():
-        src = results / f"{source}.json"
-        if not src.is_file():
+    results = Path(args.results)
+    stale = []
+    for page in args.pages or pages():
+        if not page.is_file():
             continue
-        entries = json.loads(src.read_text())
-        if plot is not None:
-            plot(entries, results / f"{source}.png")
-        body = table(entries)
-        pat = re.compile(rf"(<!-- table:{name} -->\n).*?(<!-- /table:{name} -->)", re.S)
-        text = pat.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
-    readme.write_text(text)
+        text = page.read_text()
+        new = render(text, results)
+        if new != text:
+            stale.append(page)
+            if not args.check:
+                page.write_text(new)
+    if args.check:
+        for page in stale:
+            print(f"{page} is not what the JSON gives: run python recipes/tables.py")
+        return 1 if stale else 0
+    if not args.no_plots:
+        for name, plot in PLOTS.items():
+            src = results / f"{name}.json"
+            if src.is_file():
+                plot(json.loads(src.read_text()), results / f"{name}.png")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The committed checkpoints reproduce the numbers the README's tables are generated from."""
+"""The committed checkpoints reproduce the numbers the result tables (docs/) are generated from."""
 
 import json
 from pathlib import Path

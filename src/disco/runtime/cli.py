@@ -35,13 +35,13 @@ def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape
 def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .export import export_checkpoint
+    from ..api import export
 
     if args.ckpt.endswith(".safetensors") or Path(args.ckpt).is_file():
         if args.ratio is not None or args.shares is not None or args.nodes is not None:
             raise ValueError(f"{args.ckpt} is a checkpoint: it brings its own N, shares and kept links "
                              "(--nodes/--shares/--ratio are for a model name)")
-        man = export_checkpoint(args.ckpt, args.out, codec=args.codec)
+        man = export(args.ckpt, args.out, codec=args.codec)
     else:
         nodes = args.nodes or (len(args.shares) if args.shares else 2)
         man = export_model_name(args.ckpt, args.out, nodes, 1.0 if args.ratio is None else args.ratio,
@@ -54,33 +54,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _opts(args: argparse.Namespace) -> list[str]:
-    out: list[str] = []
-    for k in ("codec", "bandwidth", "latency", "input", "data", "limit"):
-        v = getattr(args, k)
-        if v is not None:
-            out += [f"--{k}", str(v)]
-    for k in ("warmup", "iters", "stream", "timeout", "startup_timeout", "threads"):
-        out += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-    return out
+def _run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The node options of ``disco run`` (those :func:`disco.runtime.node.add_run_options` defines)."""
+    from .node import add_run_options
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_run_options(p)
+    return {a.dest: getattr(args, a.dest) for a in p._actions}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .export import read_manifest
-    from .launch import LaunchError, launch
+    from ..api import run
+    from .launch import LaunchError
 
-    man = read_manifest(args.dir)
-    if args.nodes != man["nodes"]:
-        raise ValueError(f"{args.dir} was exported for {man['nodes']} nodes, --nodes is {args.nodes}")
-    if args.input is not None:  # refuse a wrong input here, before starting anything
-        from .node import NodeError, _load_input
-
-        try:
-            _load_input(args.input, man, __import__("pathlib").Path(args.dir))
-        except NodeError as e:
-            raise ValueError(str(e)) from e
     try:
-        rep = launch(args.dir, args.nodes, _opts(args), timeout=args.run_timeout)
+        rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, **_run_options(args))
     except LaunchError as e:
         print(f"disco run: error: {e}", file=sys.stderr)
         return 3

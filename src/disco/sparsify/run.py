@@ -5,16 +5,20 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from ..cost import estimate
 from ..graph import partition
 from ..loading import load, save_disco
 from ..masks import DiscoModel
 from ..seed import seed_everything
-from ..tasks import get_task
+from ..tasks import Task, get_task
 from ..train import fit
 from .prune import GradualPruner
 from .scores import taylor_scores
@@ -24,6 +28,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SparsifyConfig:
+    """How to sparsify: N (and unequal shares), the target ratio r, the budget, the link scores and the
+    fine-tuning."""
+
     nodes: int = 2
     shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
     ratio: float = 0.2
@@ -50,6 +57,87 @@ def _subset(loader: Any, cfg: SparsifyConfig, task: str) -> Any:
     return loader.restrict(cfg.train_subset, cfg.seed)
 
 
+@dataclass
+class Loaders:
+    """What fine-tuning needs besides the model: batches, the loss and, optionally, a metric.
+
+    ``train`` yields ``(input, target)`` batches and has a length (steps per epoch). ``evaluate(model, test)``
+    returns a dict of metrics (none without it). ``distill(out, teacher_out)`` is needed when
+    ``SparsifyConfig.distill > 0``. ``calibration`` gives the batches of Taylor scores (default: ``train``).
+    ``lr``, ``weight_decay`` and ``optimizer`` are used where the config leaves them None.
+    """
+
+    train: Iterable[Any]
+    test: Iterable[Any] | None = None
+    loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy
+    evaluate: Callable[[nn.Module, Iterable[Any]], dict[str, float]] | None = None
+    distill: Callable[[Tensor, Tensor], Tensor] | None = None
+    calibration: Iterable[Any] | None = None
+    lr: float = 0.02
+    weight_decay: float = 5e-4
+    optimizer: str = "sgd"
+
+    @classmethod
+    def from_task(cls, task: Task, data: str, cfg: SparsifyConfig) -> Loaders:
+        """A registered task's loaders (``cfg``'s batch size, limit, training subset and seed), loss, metric
+        and fine-tuning defaults, on the dataset folder ``data``."""
+        train, test = task.loaders(data, cfg.batch_size, limit=cfg.limit, seed=cfg.seed)
+        calib = None
+        if cfg.selection == "taylor":
+            calib = _subset(task.loaders(data, 64, limit=cfg.limit, seed=cfg.seed + 1)[0], cfg, task.name)
+        return cls(_subset(train, cfg, task.name), test, task.loss, task.evaluate, task.distill, calib,
+                   lr=getattr(task, "finetune_lr", 0.02), weight_decay=getattr(task, "weight_decay", 5e-4),
+                   optimizer=getattr(task, "optimizer", "sgd"))
+
+
+def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
+                   example: Tensor | tuple[int, ...], state_path: str | Path | None = None,
+                   ) -> tuple[DiscoModel, dict[str, Any], dict[str, Any]]:
+    """Partition ``model`` (in place) on ``example`` and fine-tune it into a DISCO model at ``cfg.ratio``.
+
+    Returns the DISCO model, the result entry (nodes, achieved ratio, metrics, cost) and what a checkpoint
+    records (``metrics``, ``history`` and the ``config`` with the values used). ``state_path`` makes the run
+    resumable. Seeds everything from ``cfg.seed`` first.
+    """
+    seed_everything(cfg.seed)
+    if cfg.distill > 0 and loaders.distill is None:
+        raise ValueError("distill > 0 needs a distillation loss (Loaders.distill)")
+    teacher = copy.deepcopy(model).eval() if cfg.distill > 0 else None
+    part = partition(model, example, cfg.nodes, cfg.shares)
+    dm = DiscoModel(model, part)
+    steps = cfg.epochs * len(loaders.train)  # type: ignore[arg-type]
+    taylor_fn = None
+    if cfg.selection == "taylor":
+        calib = loaders.calibration if loaders.calibration is not None else loaders.train
+        taylor_fn = lambda d: taylor_scores(d, itertools.islice(iter(calib), 4), loaders.loss)  # noqa: E731
+    pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
+                           selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed)
+    if cfg.epochs == 0:
+        pruner(pruner.prune_steps, pruner.prune_steps)
+    lr = cfg.lr if cfg.lr is not None else loaders.lr
+    wd = cfg.weight_decay if cfg.weight_decay is not None else loaders.weight_decay
+    cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
+    hist = fit(dm, loaders.train, loaders.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
+               optimizer=cfg.optimizer or loaders.optimizer,
+               warmup_epochs=min(0.3, cfg.epochs), state_path=state_path,
+               teacher=teacher, distill_fn=loaders.distill, distill_weight=cfg.distill, hook=pruner,
+               desc=f"sparsify N={cfg.nodes} r={cfg.ratio}")
+    if not pruner.done:
+        pruner(pruner.prune_steps, pruner.prune_steps)
+    metrics = loaders.evaluate(dm, loaders.test) if loaders.evaluate and loaders.test is not None else {}
+    rep = estimate(part, dm.kept)
+    result = {
+        "nodes": cfg.nodes, "shares": list(part.shares) if part.shares else None,
+        "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
+        "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
+        "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
+        "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
+        "params_dense": rep.params_dense,
+    }
+    log.info("sparsified: %s", result)
+    return dm, result, {"metrics": metrics, "history": hist, "config": asdict(cfg)}
+
+
 def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig) -> dict[str, Any]:
     """Fine-tune the dense checkpoint ``dense`` into a DISCO model at ``cfg.ratio``; resumable.
 
@@ -61,44 +149,10 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig)
         raise ValueError(f"{dense} is already a DISCO checkpoint; start from a dense one")
     ckpt = loaded.ckpt
     task = get_task(ckpt.task or "cifar10")
-    model = loaded.model
-    teacher = copy.deepcopy(model).eval() if cfg.distill > 0 else None
-    part = partition(model, tuple(ckpt.input_shape), cfg.nodes, cfg.shares)
-    dm = DiscoModel(model, part)
-    train, test = task.loaders(data, cfg.batch_size, limit=cfg.limit, seed=cfg.seed)
-    train = _subset(train, cfg, task.name)
-    steps = cfg.epochs * len(train)
-    taylor_fn = None
-    if cfg.selection == "taylor":
-        calib = _subset(task.loaders(data, 64, limit=cfg.limit, seed=cfg.seed + 1)[0], cfg, task.name)
-        taylor_fn = lambda d: taylor_scores(d, itertools.islice(iter(calib), 4), task.loss)  # noqa: E731
-    pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
-                           selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed)
-    if cfg.epochs == 0:
-        pruner(pruner.prune_steps, pruner.prune_steps)
+    loaders = Loaders.from_task(task, data, cfg)
     out = Path(out)
-    lr = cfg.lr if cfg.lr is not None else getattr(task, "finetune_lr", 0.02)
-    wd = cfg.weight_decay if cfg.weight_decay is not None else getattr(task, "weight_decay", 5e-4)
-    cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
-    hist = fit(dm, train, task.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
-               optimizer=cfg.optimizer or getattr(task, "optimizer", "sgd"),
-               warmup_epochs=min(0.3, cfg.epochs), state_path=out.with_name(out.name + ".state.pt"),
-               teacher=teacher, distill_fn=task.distill, distill_weight=cfg.distill, hook=pruner,
-               desc=f"sparsify N={cfg.nodes} r={cfg.ratio}")
-    if not pruner.done:
-        pruner(pruner.prune_steps, pruner.prune_steps)
-    metrics = task.evaluate(dm, test)
-    rep = estimate(part, dm.kept)
-    result = {
-        "nodes": cfg.nodes, "shares": list(part.shares) if part.shares else None,
-        "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
-        "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
-        "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
-        "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
-        "params_dense": rep.params_dense,
-    }
-    save_disco(dm, out, ckpt.model, task=task.name,
-               info={"metrics": metrics, "history": hist, "config": asdict(cfg), "dense": str(dense)},
+    dm, result, info = sparsify_model(loaded.model, loaders, cfg, tuple(ckpt.input_shape),
+                                      state_path=out.with_name(out.name + ".state.pt"))
+    save_disco(dm, out, ckpt.model, task=task.name, info={**info, "dense": str(dense)},
                extra={"budget": cfg.budget, "selection": result["selection"]})
-    log.info("sparsified: %s", result)
     return result

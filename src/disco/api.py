@@ -1,0 +1,193 @@
+"""The public Python API: split a model, choose its links, cost it, fine-tune it, export it and run it.
+
+Every name here is re-exported from :mod:`disco` (``disco.partition``, ``disco.run``, ...); the ``disco``
+command line is a thin layer over these functions.
+
+    import disco, torchvision
+    model = torchvision.models.resnet18()
+    dm = disco.DiscoModel(model, disco.partition(model, (1, 3, 64, 64), nodes=2))
+    dm.set_kept(disco.select_links(dm, ratio=0.2))
+    disco.export(dm, "out/resnet18.export", arch="resnet18")
+    report = disco.run("out/resnet18.export", nodes=2)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from .cost import CostReport
+from .cost import estimate as _estimate
+from .graph import Partition
+from .graph import partition as _partition
+from .masks import DiscoModel
+from .sparsify.run import Loaders, SparsifyConfig
+from .tasks import Task
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CostReport", "DiscoModel", "Loaders", "Partition", "SparsifyConfig", "estimate", "export", "partition",
+           "run", "select_links", "sparsify_model"]
+
+
+def partition(model: nn.Module, example: Tensor | tuple[int, ...], nodes: int,
+              shares: tuple[float, ...] | list[float] | None = None) -> Partition:
+    """Trace ``model`` on ``example`` (a tensor or an input shape, batch included) and split every layer's
+    channels over ``nodes`` nodes: the ownership of every feature tensor and the links between nodes.
+
+    ``shares`` gives unequal nodes a proportional part of every layer's channels (e.g. ``(2, 1)``: node 0 owns
+    two thirds); None splits equally. Raises :class:`disco.graph.UnsupportedOpError` naming an op that no rule
+    describes.
+    """
+    return _partition(model, example, nodes, None if shares is None else tuple(shares))
+
+
+def _part_of(model: DiscoModel | Partition) -> Partition:
+    if isinstance(model, DiscoModel):
+        return model.partition
+    if isinstance(model, Partition):
+        return model
+    raise TypeError(f"expected a DiscoModel or a Partition, got {type(model).__name__}")
+
+
+def select_links(model: DiscoModel, ratio: float, *, budget: str = "global",
+                 scores: str | np.ndarray = "magnitude", seed: int = 0) -> np.ndarray:
+    """The links to keep for communication ratio ``ratio`` (kept bytes / bytes of dense within-layer
+    parallelism): a boolean array over ``model.partition``'s links, for :meth:`DiscoModel.set_kept`.
+
+    ``scores``: ``"magnitude"`` (norm of the weight columns a link feeds), ``"random"``, or an array with one
+    score per link (e.g. :func:`disco.sparsify.taylor_scores`). ``budget``: ``"global"`` ranks links by score
+    per byte across all layers; ``"layer"`` keeps the share ``ratio`` of every tensor's links.
+    """
+    from .sparsify import magnitude_scores, random_scores
+    from .sparsify import select_links as _select
+
+    part = _part_of(model)
+    if isinstance(scores, str):
+        if scores == "magnitude":
+            scores = magnitude_scores(model)
+        elif scores == "random":
+            scores = random_scores(part.n_links, seed)
+        else:
+            raise ValueError(f"scores must be 'magnitude', 'random' or an array of link scores, got {scores!r}")
+    return _select(part, scores, ratio, budget)
+
+
+def estimate(model: DiscoModel | Partition, kept: np.ndarray | None = None,
+             bytes_per_value: int = 4) -> CostReport:
+    """Bytes moved, FLOPs, weights and peak activation memory per node (the cost model).
+
+    For a :class:`DiscoModel` the default ``kept`` is its own kept set; for a :class:`Partition`, every link
+    (dense within-layer parallelism).
+    """
+    if kept is None and isinstance(model, DiscoModel):
+        kept = model.kept
+    return _estimate(_part_of(model), kept, bytes_per_value=bytes_per_value)
+
+
+def sparsify_model(model: nn.Module, task_or_loaders: str | Task | Loaders, config: SparsifyConfig | None = None,
+                   *, data: str | Path | None = None,
+                   example: Tensor | tuple[int, ...] | None = None) -> tuple[DiscoModel, dict[str, Any]]:
+    """Fine-tune ``model`` (in place, nothing written to disk) into a DISCO model at ``config.ratio``.
+
+    ``task_or_loaders``: a :class:`Loaders` (your batches, loss and optional metric), or a registered task
+    (its name, e.g. ``"cifar10"``, or the object) together with its dataset folder ``data``. ``example`` is the
+    input (or its shape) the model is partitioned on; default: the task's input shape, else one sample of the
+    first training batch. Returns the DISCO model and the result entry (achieved ratio, metrics, cost).
+    """
+    from .sparsify.run import sparsify_model as _sparsify
+    from .tasks import get_task
+
+    cfg = config or SparsifyConfig()
+    if isinstance(task_or_loaders, Loaders):
+        loaders = task_or_loaders
+    else:
+        task = get_task(task_or_loaders) if isinstance(task_or_loaders, str) else task_or_loaders
+        if data is None:
+            raise ValueError(f"task {task.name!r} needs its dataset folder: pass data=...")
+        loaders = Loaders.from_task(task, str(data), cfg)
+        example = task.input_shape if example is None else example
+    if example is None:
+        x = next(iter(loaders.train))[0]
+        example = (1, *x.shape[1:])
+    dm, result, _ = _sparsify(model, loaders, cfg, example)
+    return dm, result
+
+
+def _arch_spec(arch: str | dict[str, Any] | None) -> dict[str, Any]:
+    if arch is None:
+        raise ValueError("export needs the architecture's name, e.g. arch='resnet18' (a registered, torchvision "
+                         "or timm model; or {'name': ..., 'kwargs': {...}}): each node rebuilds it from that name")
+    return {"name": arch, "kwargs": {}} if isinstance(arch, str) else {"kwargs": {}, **arch}
+
+
+def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | dict[str, Any] | None = None,
+           codec: str = "fp32", probe: Tensor | None = None) -> dict[str, Any]:
+    """Write one weight shard per node and a manifest into ``out_dir``; returns the manifest.
+
+    ``model`` is a :class:`DiscoModel` (its kept links decide which weight columns each node holds; ``arch``
+    names the architecture the nodes rebuild, e.g. ``"resnet18"``) or the path of a DISCO checkpoint (which
+    records its architecture). ``codec`` is the default wire codec recorded in the manifest; ``probe`` the
+    input whose single-process output the nodes check against (default: a seeded random input). The model is
+    put in eval mode (the nodes run inference).
+    """
+    from .runtime.export import export as _export
+    from .runtime.export import export_checkpoint
+
+    if isinstance(model, str | Path):
+        if arch is not None or probe is not None:
+            raise ValueError("a checkpoint brings its own architecture and probe: drop arch= and probe=")
+        return export_checkpoint(model, out_dir, codec=codec)
+    if not isinstance(model, DiscoModel):
+        raise TypeError(f"export takes a DiscoModel or a checkpoint path, got {type(model).__name__}")
+    model.eval()  # the nodes run inference: the reference output must not use batch statistics
+    return _export(model, model.partition, model.kept, out_dir, _arch_spec(arch), codec=codec, probe=probe)
+
+
+def run_options(**options: Any) -> list[str]:
+    """The node program's command-line options for the keyword ``options`` of :func:`run` (unknown: refused)."""
+    from .runtime.node import build_parser
+
+    known = {a.dest: a for a in build_parser()._actions if a.option_strings and a.dest not in
+             ("help", "rank", "world_size", "master_addr", "master_port", "result", "fail_rank", "fail_after")}
+    bad = sorted(set(options) - set(known))
+    if bad:
+        raise TypeError(f"unknown run option(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
+    out: list[str] = []
+    for k, v in options.items():
+        if v is not None:
+            out += [known[k].option_strings[0], str(v)]
+    return out
+
+
+def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, **options: Any) -> dict[str, Any]:
+    """Run an export as ``nodes`` local processes (gloo on 127.0.0.1) and return the leader's report, the same
+    object as ``disco run --json``: latency, throughput, bytes sent beside the cost model's, the error against
+    the single-process model, memory and weights per node.
+
+    ``options`` are those of ``disco run`` with underscores: ``codec``, ``bandwidth`` (e.g. ``"100mbit"``),
+    ``latency`` (``"2ms"``), ``input`` (a tensor file), ``data``/``limit`` (also run the task's test split),
+    ``warmup``, ``iters``, ``stream``, ``timeout``, ``startup_timeout``, ``threads``. ``run_timeout`` bounds the
+    whole run. Raises ``ValueError`` for an export or input that does not fit (nothing started) and
+    :class:`disco.runtime.launch.LaunchError` when a node fails.
+    """
+    from .runtime.export import read_manifest
+    from .runtime.launch import launch
+    from .runtime.node import NodeError, _load_input
+
+    d = Path(export_dir)
+    man = read_manifest(d)
+    if nodes != man["nodes"]:
+        raise ValueError(f"{d} was exported for {man['nodes']} nodes, not {nodes}")
+    opts = run_options(**options)
+    if options.get("input") is not None:  # refuse a wrong input here, before starting anything
+        try:
+            _load_input(str(options["input"]), man, d)
+        except NodeError as e:
+            raise ValueError(str(e)) from e
+    return launch(d, nodes, opts, timeout=run_timeout)
+
