@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from disco.graph import partition
-from disco.graph.rules import ConvRule, ConvTransposeRule, LinearRule, module_rule
+from disco.graph.registry import module_rule
+from disco.graph.rules import ConvRule, ConvTransposeRule, LinearRule
 
 
 @pytest.mark.parametrize("module", [

@@ -12,36 +12,17 @@ alike, because they are one Linear. The original module still runs in the DISCO 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from .rules import Local, _arg, register_function_rule, tensor_args
+from .errors import UnsupportedOpError
+from .registry import register_decomposition, register_function_rule
+from .rules import Local, arg, tensor_args
 
 log = logging.getLogger(__name__)
-_DECOMPOSITIONS: dict[type, Callable[..., Any]] = {}
-
-
-def register_decomposition(*types: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn(module, *args, **kwargs)``: how the tracer sees a call of such a module."""
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for t in types:
-            _DECOMPOSITIONS[t] = fn
-        return fn
-
-    return deco
-
-
-def decomposition(t: type) -> Callable[..., Any] | None:
-    for cls in t.__mro__:
-        if cls in _DECOMPOSITIONS:
-            return _DECOMPOSITIONS[cls]
-    return None
-
 
 def heads_attention(qkv: Tensor, head_dim: int, scale: float) -> Tensor:
     """Scaled dot-product attention over ``[q heads | k heads | v heads]`` channels (B x T x 3hd*h).
@@ -63,7 +44,7 @@ class HeadsRule(Local):
 
     def infer(self, b: Any, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
-        hd = int(_arg(node, 1, "head_dim", None))
+        hd = int(arg(node, 1, "head_dim", None))
         a = b.atoms[x]
         c = len(a) // 3
         heads = c // hd
@@ -86,8 +67,6 @@ register_function_rule(heads_attention)(HeadsRule())
 
 def _require(cond: bool, m: nn.Module, what: str) -> None:
     if not cond:
-        from .partition import UnsupportedOpError
-
         raise UnsupportedOpError(f"{type(m).__name__}: {what} is not supported by the head-split attention rule")
 
 

@@ -8,19 +8,18 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from .errors import UnsupportedOpError
+from .registry import decomposition, module_rule
+
 
 class DiscoTracer(fx.Tracer):
     """Keeps torch.nn modules and every module type with a registered rule as leaves, and
     replaces modules with a registered decomposition (attention) by their decomposed calls."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        from .rules import module_rule
-
         return module_rule(type(m)) is not None or super().is_leaf_module(m, qualname)
 
     def call_module(self, m: nn.Module, forward, args, kwargs):  # noqa: ANN001,ANN201
-        from .attention import decomposition
-
         fn = decomposition(type(m))
         if fn is None:
             return super().call_module(m, forward, args, kwargs)
@@ -33,8 +32,6 @@ def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     # optional forward arguments (masks, flags) keep their defaults: the graph has one input
     params = list(inspect.signature(model.forward).parameters.values())[1:]
     concrete = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-    from .partition import UnsupportedOpError
-
     try:
         graph = tracer.trace(model, concrete_args=concrete or None)
     except UnsupportedOpError:  # a decomposition refusing a use it does not cover: already clear

@@ -20,15 +20,13 @@ import torch
 from torch import fx, nn
 
 from .capture import capture, shape_of
-from .rules import Mixing, Rule, WeightView, rule_for, tensor_args
+from .errors import UnsupportedOpError, describe, unsupported
+from .registry import rule_for
+from .rules import Mixing, Rule, WeightView, tensor_args
 
 log = logging.getLogger(__name__)
 
 REPLICATED = -1  # owner of a channel that every node holds (the input image)
-
-
-class UnsupportedOpError(ValueError):
-    """An op the partitioner has no rule for, or a use of an op that its rule does not support."""
 
 
 class _UnionFind:
@@ -109,22 +107,7 @@ class Builder:
         self.uf.union(xa[both], xb[both])
 
     def unsupported(self, node: fx.Node, why: str) -> None:
-        raise UnsupportedOpError(f"{describe(node, self.gm)} {why}")
-
-
-def describe(node: fx.Node, gm: fx.GraphModule) -> str:
-    """'call_function torch.cat (node cat_1, module layer1.0)' for error messages."""
-    if node.op == "call_module":
-        what = f"module {type(gm.get_submodule(node.target)).__name__} at '{node.target}'"
-    else:
-        target = getattr(node.target, "__name__", str(node.target))
-        mod = getattr(node.target, "__module__", None)
-        stack = node.meta.get("nn_module_stack") or {}
-        path = next(reversed(stack.values()))[0] if stack else ""
-        path = path if isinstance(path, str) else str(path)
-        what = f"{node.op} {mod + '.' if mod and node.op == 'call_function' else ''}{target} " \
-               f"(node '{node.name}', in module '{path or '<root>'}')"
-    return what
+        raise unsupported(node, self.gm, why)
 
 
 def share_sizes(n: int, nodes: int, shares: tuple[float, ...] | None = None) -> list[int]:
@@ -322,7 +305,7 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
             continue
         if rule is None:
             raise UnsupportedOpError(
-                f"no op rule for {describe(node, gm)}; add one with disco.graph.rules.register_*_rule"
+                f"no op rule for {describe(node, gm)}; add one with disco.graph.registry.register_*_rule"
             )
         if isinstance(rule, Mixing):
             module = rule.weight_view(node, gm)

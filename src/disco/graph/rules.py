@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -28,60 +27,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from .errors import unsupported
+from .registry import (  # noqa: F401  (module_rule, rule_for: re-exported for older imports)
+    module_rule,
+    register_function_rule,
+    register_method_rule,
+    register_module_rule,
+    rule_for,
+)
+
 if TYPE_CHECKING:
     from .partition import Builder
-
-_MODULE_RULES: dict[type, Rule] = {}
-_FUNCTION_RULES: dict[Callable[..., Any], Rule] = {}
-_METHOD_RULES: dict[str, Rule] = {}
-
-
-def register_module_rule(*types: type) -> Callable[[Rule], Rule]:
-    """Register ``rule`` for module types (subclasses inherit it unless they have their own)."""
-
-    def deco(rule: Rule) -> Rule:
-        for t in types:
-            _MODULE_RULES[t] = rule
-        return rule
-
-    return deco
-
-
-def register_function_rule(*fns: Callable[..., Any]) -> Callable[[Rule], Rule]:
-    def deco(rule: Rule) -> Rule:
-        for f in fns:
-            _FUNCTION_RULES[f] = rule
-        return rule
-
-    return deco
-
-
-def register_method_rule(*names: str) -> Callable[[Rule], Rule]:
-    def deco(rule: Rule) -> Rule:
-        for n in names:
-            _METHOD_RULES[n] = rule
-        return rule
-
-    return deco
-
-
-def module_rule(t: type) -> Rule | None:
-    for cls in t.__mro__:
-        if cls in _MODULE_RULES:
-            return _MODULE_RULES[cls]
-    return None
-
-
-def rule_for(node: fx.Node, gm: fx.GraphModule) -> Rule | None:
-    """The rule for a call node, or None when there is none."""
-    if node.op == "call_module":
-        return module_rule(type(gm.get_submodule(node.target)))
-    if node.op == "call_function":
-        return _FUNCTION_RULES.get(node.target)
-    if node.op == "call_method":
-        return _METHOD_RULES.get(node.target)
-    return None
-
 
 def tensor_args(node: fx.Node, b: Builder) -> list[fx.Node]:
     """The node's arguments that are feature tensors, in order."""
@@ -90,7 +46,8 @@ def tensor_args(node: fx.Node, b: Builder) -> list[fx.Node]:
     return out
 
 
-def _arg(node: fx.Node, i: int, name: str, default: Any) -> Any:
+def arg(node: fx.Node, i: int, name: str, default: Any) -> Any:
+    """Argument ``i`` of a call node, or its keyword ``name``, or ``default``."""
     if len(node.args) > i:
         return node.args[i]
     return node.kwargs.get(name, default)
@@ -189,9 +146,9 @@ class Cat(Rule):
     kind = "view"
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
-        ins = [a for a in _arg(node, 0, "tensors", []) if isinstance(a, fx.Node)]
+        ins = [a for a in arg(node, 0, "tensors", []) if isinstance(a, fx.Node)]
         rank = len(b.shape(node))
-        dim = _arg(node, 1, "dim", 0) % rank
+        dim = arg(node, 1, "dim", 0) % rank
         if any(b.atoms.get(a) is None for a in ins):
             b.unsupported(node, "concatenates a value that is not a feature tensor")
         cdims = {b.cdim[a] for a in ins if not b.replicated(a)} or {b.cdim[a] for a in ins}
@@ -256,12 +213,12 @@ class MeanRule(Rule):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         rank, c = len(b.shape(x)), b.cdim[x]
-        dims = _arg(node, 1, "dim", None)
+        dims = arg(node, 1, "dim", None)
         dims = list(range(rank)) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
         dims = [d % rank for d in dims]
         if c in dims:
             b.unsupported(node, "reduces over the channel dim")
-        keep = _arg(node, 2, "keepdim", False)
+        keep = arg(node, 2, "keepdim", False)
         b.set(node, b.atoms[x], c if keep else c - sum(d < c for d in dims))
 
 
@@ -370,7 +327,7 @@ class L2NormRule(Reduce):
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
-        p, dim = (_arg(node, 1, "p", 2.0), _arg(node, 2, "dim", 1)) if module is None else (2, module.dim)
+        p, dim = (arg(node, 1, "p", 2.0), arg(node, 2, "dim", 1)) if module is None else (2, module.dim)
         if p != 2 or dim % len(b.shape(x)) != b.cdim[x]:
             b.unsupported(node, "normalises other than the L2 norm over the channel dim")
         Local.infer(self, b, node, module)
@@ -380,7 +337,7 @@ class L2NormRule(Reduce):
 
     def finish(self, module: nn.Module | None, node: fx.Node, x: Tensor, cdim: int, parts: Tensor,
                counts: Tensor) -> Tensor:
-        eps = module.eps if module is not None else _arg(node, 3, "eps", 1e-12)
+        eps = module.eps if module is not None else arg(node, 3, "eps", 1e-12)
         norm = parts[..., 0].sum(0).sqrt().clamp_min(eps).unsqueeze(cdim)
         y = x / norm
         w = getattr(module, "weight", None)
@@ -550,23 +507,21 @@ class FunctionalLinearRule(LinearRule):
     input projection of ``nn.MultiheadAttention`` (``in_proj_weight``, ``in_proj_bias``)."""
 
     def param_nodes(self, node: fx.Node) -> list[fx.Node]:
-        out = [_arg(node, 1, "weight", None), _arg(node, 2, "bias", None)]
+        out = [arg(node, 1, "weight", None), arg(node, 2, "bias", None)]
         return [a for a in out if isinstance(a, fx.Node)]
 
     def weight_view(self, node: fx.Node, gm: fx.GraphModule) -> WeightView:
-        from .partition import UnsupportedOpError, describe
-
-        w, b = _arg(node, 1, "weight", None), _arg(node, 2, "bias", None)
+        w, b = arg(node, 1, "weight", None), arg(node, 2, "bias", None)
         if not isinstance(w, fx.Node) or w.op != "get_attr" or not isinstance(b, fx.Node | None) or (
                 b is not None and b.op != "get_attr"):
-            raise UnsupportedOpError(f"{describe(node, gm)} computes its weight or bias in the graph; "
-                                     "F.linear is supported on module parameters only")
+            raise unsupported(node, gm, "computes its weight or bias in the graph; "
+                                        "F.linear is supported on module parameters only")
         path, param = w.target.rpartition(".")[::2]
         bias_name = None
         if b is not None:
             b_path, bias_name = b.target.rpartition(".")[::2]
             if b_path != path:
-                raise UnsupportedOpError(f"{describe(node, gm)} takes its weight and bias from different modules")
+                raise unsupported(node, gm, "takes its weight and bias from different modules")
         return WeightView(gm.get_submodule(path), path, param, bias_name)
 
 

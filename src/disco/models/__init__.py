@@ -7,28 +7,15 @@ travels inside checkpoints so that a checkpoint can always rebuild its architect
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .registry import _REGISTRY, register_model
+
 log = logging.getLogger(__name__)
-
-_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
-
-
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator: register a model factory under ``name``."""
-
-    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} is already registered")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
 
 
 def list_models() -> list[str]:
@@ -87,5 +74,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
         )
     log.info("loaded weights from %s", path)
 
+
+__all__ = ["build_model", "list_models", "load_weights", "register_model"]
 
 from . import cifar_resnet, deeplab, rrdbnet, ssd, vit  # noqa: E402,F401  (registers the project models)

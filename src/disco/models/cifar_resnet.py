@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from . import register_model
+from .registry import register_model
 
 
 class BasicBlock(nn.Module):

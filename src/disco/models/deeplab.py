@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torchvision.models.resnet import Bottleneck
 from torchvision.models.segmentation.deeplabv3 import ASPP
 
-from . import register_model
+from .registry import register_model
 
 CAMVID_CLASSES = 11
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import register_model
+from .registry import register_model
 
 
 class ResidualDenseBlock(nn.Module):

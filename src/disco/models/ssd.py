@@ -31,8 +31,9 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import Conv2dNormActivation
 from torchvision.ops import boxes as box_ops
 
-from ..graph.rules import L2NormRule, register_module_rule
-from . import register_model
+from ..graph.registry import register_module_rule
+from ..graph.rules import L2NormRule
+from .registry import register_model
 
 log = logging.getLogger(__name__)
 

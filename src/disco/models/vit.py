@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import register_model
+from .registry import register_model
 
 
 @register_model("vit_cifar")

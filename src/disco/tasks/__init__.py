@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
-_TASKS: dict[str, type] = {}
+from .registry import _TASKS, register_task
 
 
 class Task(Protocol):
@@ -23,15 +23,12 @@ class Task(Protocol):
     def evaluate(self, model: nn.Module, loader: Any) -> dict[str, float]: ...
 
 
-def register_task(cls: type) -> type:
-    _TASKS[cls.name] = cls
-    return cls
-
-
 def get_task(name: str) -> Task:
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known: {', '.join(sorted(_TASKS))}")
     return _TASKS[name]()
 
+
+__all__ = ["Task", "get_task", "register_task"]
 
 from . import classification, det, seg, sr  # noqa: E402,F401

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..data.cifar import CifarLoader
-from . import register_task
+from .registry import register_task
 
 
 @register_task

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..data.det import CocoDet, DetLoader, generated_folder
 from ..models.ssd import SSDPost, spec_for_outputs, spec_of
-from . import register_task
+from .registry import register_task
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..data.seg import IGNORE, SegEvalSet, SegTrainLoader, find_layout
-from . import register_task
+from .registry import register_task
 
 log = logging.getLogger(__name__)
 

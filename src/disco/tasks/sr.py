@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..data.sr import SREvalSets, SRTrainLoader, bicubic_up, quantize, sr_folders, to_float
-from . import register_task
+from .registry import register_task
 
 log = logging.getLogger(__name__)
 
