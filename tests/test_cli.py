@@ -173,3 +173,20 @@ def test_train_subset_is_fixed_per_seed(tiny_cifar):
     assert labels(3) == labels(3) and labels(3) != labels(4) and labels(3)[1] == 1
     with pytest.raises(ValueError, match="subset of 100 images"):
         get_task("cifar10").loaders(str(tiny_cifar), 8)[0].restrict(100, 0)
+
+
+@pytest.mark.slow
+def test_joint_budget_resnet50_paper_profile(capsys):
+    """The joint budget reaches the paper's ResNet-50 N=2 profile: r = 0.2, FLOPs <= 0.55x, weights/node <= 0.30x."""
+    assert main(["cost", "resnet50", "--nodes", "2", "--ratio", "0.2", "--budget", "joint",
+                 "--input-shape", "1,3,224,224", "--json"]) == 0
+    d = _json(capsys)
+    assert abs(d["ratio"] - 0.2) <= 0.01
+    assert d["flops_total"] <= 0.55 * d["flops_dense"]
+    assert max(d["params_per_node"]) <= 0.30 * d["params_dense"]
+
+
+def test_joint_budget_refuses_caps_below_the_floor(capsys):
+    assert main(["cost", "cifar_resnet8", "--ratio", "0.2", "--budget", "joint", "--max-flops", "0.3",
+                 "--input-shape", "1,3,32,32"]) == 2
+    assert "cannot be met by any choice of links" in capsys.readouterr().err

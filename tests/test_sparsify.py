@@ -107,3 +107,118 @@ def test_bad_arguments(dm):
         select_links(dm.partition, magnitude_scores(dm), 0.1, "uniform")
     with pytest.raises(ValueError, match="selection"):
         GradualPruner(dm, 0.1, 10, selection="best")
+
+
+def _lasso_model():
+    """conv(3->2) -> conv A (2->2) -> avgpool 2 -> conv B (2->4), 1x1 kernels, N=2.
+
+    Links: A's input (4x4 planes, 16 values): node 0 reads channel 1 through A[0, 1] = 2, node 1 reads
+    channel 0 through A[1, 0] = 3. B's input (2x2 planes, 4 values): node 0 (rows 0, 1) reads channel 1
+    through B[0:2, 1] = (3, 4), norm 5; node 1 (rows 2, 3) reads channel 0 through B[2:4, 0] = (6, 8), norm 10.
+    Byte weights alpha = values / mean(values) = 16/10, 16/10, 4/10, 4/10.
+    """
+    from disco.sparsify.lasso import GroupLasso
+
+    a = torch.nn.Conv2d(2, 2, 1, bias=False)
+    a.weight.data = torch.tensor([[1.0, 2.0], [3.0, 4.0]]).view(2, 2, 1, 1)
+    b = torch.nn.Conv2d(2, 4, 1, bias=False)
+    b.weight.data = torch.tensor([[1.0, 3.0], [2.0, 4.0], [6.0, 5.0], [8.0, 7.0]]).view(4, 2, 1, 1)
+    part = partition(torch.nn.Sequential(torch.nn.Conv2d(3, 2, 1), a, torch.nn.AvgPool2d(2), b), (1, 3, 4, 4), 2)
+    d = DiscoModel(part.gm, part)
+    return d, GroupLasso(d)
+
+
+def _weights(d):
+    return [d.model.get_submodule(ly.name).parametrizations.weight.original.detach().flatten().tolist()
+            for ly in d.partition.layers[1:]]
+
+
+def test_group_lasso_penalty_and_gradient_by_hand():
+    d, g = _lasso_model()
+    assert g.alpha.tolist() == pytest.approx([1.6, 1.6, 0.4, 0.4])
+    assert sorted(g.norms().tolist()) == pytest.approx([2.0, 3.0, 5.0, 10.0])
+    p = g.penalty(0.5)
+    assert p.item() == pytest.approx(0.5 * (1.6 * (2 + 3) + 0.4 * (5 + 10)))  # 7.0
+    p.backward()
+    grads = [d.model.get_submodule(ly.name).parametrizations.weight.original.grad.flatten().tolist()
+             for ly in d.partition.layers[1:]]
+    # d/dw of lam * alpha * ||w_l||: lam * alpha * w / ||w_l||; own-node columns get nothing
+    assert grads[0] == pytest.approx([0.0, 0.8, 0.8, 0.0])
+    assert grads[1] == pytest.approx([0.0, 0.2 * 3 / 5, 0.0, 0.2 * 4 / 5, 0.2 * 6 / 10, 0.0, 0.2 * 8 / 10, 0.0])
+
+
+def test_group_lasso_proximal_step_by_hand():
+    d, g = _lasso_model()
+    # soft-threshold at step * alpha: A links 2 -> 2 - 1.6 = 0.4, 3 -> 1.4; B groups shrink by 0.4 in norm
+    assert g.prox(1.0) == 0
+    assert _weights(d)[0] == pytest.approx([1.0, 0.4, 1.4, 4.0])
+    assert _weights(d)[1] == pytest.approx([1.0, 3 * 0.92, 2.0, 4 * 0.92, 6 * 0.96, 5.0, 8 * 0.96, 7.0])
+    # a larger step zeroes both A links (threshold 3.2 > 1.4), and the B group of norm 4.6 shrinks to 4.6 - 0.8
+    only = np.array([True, True, True, False])  # the last link is exempt
+    assert g.prox(2.0, only) == 2
+    w = _weights(d)
+    assert w[0] == pytest.approx([1.0, 0.0, 0.0, 4.0])
+    assert w[1] == pytest.approx([1.0, 3 * 0.92 * 3.8 / 4.6, 2.0, 4 * 0.92 * 3.8 / 4.6, 6 * 0.96, 5.0, 8 * 0.96, 7.0])
+
+
+def test_lasso_pruner_shrinks_first_then_prunes_by_group_norm():
+    torch.manual_seed(0)
+    model = build_model("cifar_resnet8")
+    part = partition(model, (1, 3, 32, 32), 2)
+    d = DiscoModel(model, part)
+    before = magnitude_scores(d)
+    pr = GradualPruner(d, 0.1, prune_steps=10, every=2, selection="lasso", lasso=0.5, lr_at=lambda s: 0.1)
+    for step in range(1, 5):  # the penalty phase: nothing pruned, every group shrinks
+        pr(step, 12)
+        assert d.kept.all()
+    after = magnitude_scores(d)
+    assert (after < before + 1e-9).all() and (after < before - 1e-6).mean() > 0.9
+    for step in range(5, 13):
+        pr(step, 12)
+    assert pr.done and abs(d.ratio - 0.1) <= 0.01
+    with pytest.raises(ValueError, match="lr_at"):
+        GradualPruner(d, 0.1, 10, selection="lasso")
+
+
+def test_link_costs_by_hand():
+    """FLOPs and weights each link brings to its receiver, and the r=0 floor, on the tiny two-conv model."""
+    from disco.cost import estimate
+    from disco.sparsify.select import link_costs
+
+    d, _ = _lasso_model()
+    part = d.partition
+    c = link_costs(part)
+    # A (1x1 on 4x4, one row per node): 2 * 16 MACs, 1 weight; B (1x1 on 2x2, two rows per node): 2 * 4 * 2, 2 weights
+    assert c.flops.tolist() == [32, 32, 16, 16] and c.weights.tolist() == [1, 1, 2, 2]
+    assert sorted(c.exchange.tolist()) == [0, 1, 2, 3]
+    # floor per node: first conv row (3 weights + bias) + A's own column + B's own column of two rows
+    assert c.weights_floor.tolist() == [7, 7] and c.params_dense == 20
+    for kept in ([True, False, False, True], [False, True, True, True]):
+        rep = estimate(part, np.array(kept))
+        assert rep.flops_total == c.flops_floor + c.flops[kept].sum()
+        assert rep.params_per_node == (c.weights_floor + np.bincount(part.links.receiver[kept],
+                                                                     weights=c.weights[kept], minlength=2)).tolist()
+
+
+def test_joint_budget_caps_by_hand():
+    from disco.cost import estimate
+    from disco.sparsify.select import link_costs
+
+    d, _ = _lasso_model()
+    part = d.partition
+    c = link_costs(part)
+    # weights cap 0.4 x 20 = 8 per node: 1 weight of room above the floor of 7, so no B link (2 weights);
+    # bytes 0.5 x 40 = 20: only one A link (16 values); the better-scoring one (link 1) wins
+    kept = select_links(part, np.array([1.0, 2.0, 1.0, 1.0]), 0.5, "joint", max_flops=1.0, max_weights_per_node=0.4)
+    assert kept.tolist() == [False, True, False, False]
+    assert max(estimate(part, kept).params_per_node) <= 8
+    # FLOPs cap: 32 FLOPs of room above the floor. At price 0 both B links fit (8 values, 32 FLOPs); a price on
+    # FLOPs trades them for one A link that moves 16 values for the same 32 FLOPs (the byte budget fills more)
+    cap = (c.flops_floor + 32) / c.flops_dense
+    kept = select_links(part, np.ones(4), 1.0, "joint", max_flops=cap, max_weights_per_node=1.0)
+    assert kept.tolist() == [True, False, False, False]
+    assert estimate(part, kept).flops_total <= cap * c.flops_dense
+    with pytest.raises(ValueError, match="cannot be met by any choice of links"):
+        select_links(part, np.ones(4), 0.5, "joint", max_flops=0.9 * c.flops_floor / c.flops_dense)
+    with pytest.raises(ValueError, match="cannot be met by any choice of links"):
+        select_links(part, np.ones(4), 0.5, "joint", max_flops=1.0, max_weights_per_node=0.3)  # floor 7/20

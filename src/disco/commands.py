@@ -43,7 +43,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         shape = args.input_shape or (1, 3, 224, 224)
         part = partition(model, shape, nodes, args.shares)
         dm = DiscoModel(model, part)
-        kept = select_links(part, magnitude_scores(dm), args.ratio, args.budget)
+        kept = select_links(part, magnitude_scores(dm), args.ratio, args.budget, **budget_options(args))
     rep = estimate(part, kept, bytes_per_value=args.bytes_per_value)
     if args.json:
         print(json.dumps(rep.to_json() | {"model": args.model}))
@@ -56,14 +56,31 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     from .sparsify.run import SparsifyConfig, sparsify
 
     cfg = SparsifyConfig(nodes=args.nodes, shares=args.shares, ratio=args.ratio, budget=args.budget,
-                         selection=args.selection,
-                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr,
+                         selection=args.selection, **budget_options(args),
+                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso,
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size,
                          optimizer=args.optimizer, weight_decay=args.wd)
     res = sparsify(args.checkpoint, args.data, args.out, cfg)
     print(json.dumps(res | {"checkpoint": args.out}))
     return 0
+
+
+def budget_options(args: argparse.Namespace) -> dict:
+    """The joint budget's caps from the command line (the defaults are the paper's profile)."""
+    return {"max_flops": args.max_flops, "max_weights_per_node": args.max_weights_per_node}
+
+
+def _add_budget(p: argparse.ArgumentParser) -> None:
+    from .sparsify.select import BUDGETS, DEFAULT_MAX_FLOPS, DEFAULT_MAX_WEIGHTS_PER_NODE
+
+    p.add_argument("--budget", default="global", choices=BUDGETS,
+                   help="global: score per byte over all layers; layer: r in every layer; joint: bytes plus caps on "
+                        "FLOPs and weights per node")
+    p.add_argument("--max-flops", type=float, default=DEFAULT_MAX_FLOPS,
+                   help="joint budget: total FLOPs at most this fraction of dense")
+    p.add_argument("--max-weights-per-node", type=float, default=DEFAULT_MAX_WEIGHTS_PER_NODE,
+                   help="joint budget: every node's weights at most this fraction of the whole model's")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -173,7 +190,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--nodes", type=int, help="N (default 2; a checkpoint brings its own)")
     c.add_argument("--shares", type=_shares, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
     c.add_argument("--ratio", type=float, default=1.0, help="target r for a bare architecture (magnitude links)")
-    c.add_argument("--budget", default="global", choices=("global", "layer"))
+    _add_budget(c)
     c.add_argument("--input-shape", type=_shape, help="e.g. 1,3,224,224 (default for a bare model)")
     c.add_argument("--weights", help="local state-dict file for a bare architecture")
     c.add_argument("--bytes-per-value", type=int, default=4, help="4 = fp32 on the wire, 2 = fp16")
@@ -187,8 +204,10 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--nodes", type=int, default=2)
     s.add_argument("--shares", type=_shares, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
     s.add_argument("--ratio", type=float, required=True, help="target communication ratio (0 = separated)")
-    s.add_argument("--budget", default="global", choices=("global", "layer"))
-    s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random"))
+    _add_budget(s)
+    s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random", "lasso"),
+                   help="how links are ranked; lasso: a byte-weighted group-lasso penalty first (see --lasso)")
+    s.add_argument("--lasso", type=float, default=0.3, help="group-lasso strength of --selection lasso")
     s.add_argument("--epochs", type=int, default=10)
     s.add_argument("--prune-fraction", type=float, default=0.5, help="share of the run spent lowering r")
     s.add_argument("--lr", type=float, help="fine-tuning learning rate (default: the task's; 0.02 for cifar10)")

@@ -19,9 +19,10 @@ from ..loading import load, save_disco
 from ..masks import DiscoModel
 from ..seed import seed_everything
 from ..tasks import Task, get_task
-from ..train import fit
+from ..train import cosine_with_warmup, fit
 from .prune import GradualPruner
 from .scores import taylor_scores
+from .select import DEFAULT_MAX_FLOPS, DEFAULT_MAX_WEIGHTS_PER_NODE, link_costs
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,11 @@ class SparsifyConfig:
     nodes: int = 2
     shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
     ratio: float = 0.2
-    budget: str = "global"  # or "layer"
-    selection: str = "magnitude"  # or "taylor", "random"
+    budget: str = "global"  # or "layer", "joint"
+    max_flops: float = DEFAULT_MAX_FLOPS  # joint budget: total FLOPs / dense
+    max_weights_per_node: float = DEFAULT_MAX_WEIGHTS_PER_NODE  # joint budget: weights of a node / whole model
+    selection: str = "magnitude"  # or "taylor", "random", "lasso"
+    lasso: float = 0.3  # group-lasso strength (selection "lasso")
     epochs: int = 10
     prune_fraction: float = 0.5  # share of the run during which r goes down
     lr: float | None = None  # None: the task's finetune_lr (0.02 for cifar10)
@@ -110,16 +114,22 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     if cfg.selection == "taylor":
         calib = loaders.calibration if loaders.calibration is not None else loaders.train
         taylor_fn = lambda d: taylor_scores(d, itertools.islice(iter(calib), 4), loaders.loss)  # noqa: E731
-    pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
-                           selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed)
-    if cfg.epochs == 0:
-        pruner(pruner.prune_steps, pruner.prune_steps)
     lr = cfg.lr if cfg.lr is not None else loaders.lr
     wd = cfg.weight_decay if cfg.weight_decay is not None else loaders.weight_decay
     cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
+    warmup = min(0.3, cfg.epochs)
+    lr_factor = cosine_with_warmup(steps, int(warmup * len(loaders.train)))  # type: ignore[arg-type]
+    joint = {"max_flops": cfg.max_flops, "max_weights_per_node": cfg.max_weights_per_node,
+             "costs": link_costs(part)} if cfg.budget == "joint" else {}
+    pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
+                           selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed,
+                           lasso=cfg.lasso, lr_at=lambda s: lr * lr_factor(s),  # the schedule fit() follows
+                           select_options=joint)
+    if cfg.epochs == 0:
+        pruner(pruner.prune_steps, pruner.prune_steps)
     hist = fit(dm, loaders.train, loaders.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
                optimizer=cfg.optimizer or loaders.optimizer,
-               warmup_epochs=min(0.3, cfg.epochs), state_path=state_path,
+               warmup_epochs=warmup, state_path=state_path,
                teacher=teacher, distill_fn=loaders.distill, distill_weight=cfg.distill, hook=pruner,
                desc=f"sparsify N={cfg.nodes} r={cfg.ratio}")
     if not pruner.done:

@@ -1,23 +1,84 @@
-"""Pick the kept links under a byte budget."""
+"""Pick the kept links under a byte budget (and, for the joint budget, caps on FLOPs and weights per node)."""
 
 from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..graph import Partition
 
-BUDGETS = ("global", "layer")
+log = logging.getLogger(__name__)
+
+BUDGETS = ("global", "layer", "joint")
+# the paper's ResNet-50, N=2 profile: 5x less traffic, about half the compute, under a third of the weights per node
+DEFAULT_MAX_FLOPS = 0.55
+DEFAULT_MAX_WEIGHTS_PER_NODE = 0.30
+
+
+@dataclass
+class LinkCosts:
+    """What keeping each link costs, beyond its bytes: parallel arrays over link ids.
+
+    ``flops``: FLOPs it adds on its receiving node (2 x MACs of every weight column it feeds there);
+    ``weights``: weight entries it adds to its receiving node's shard; ``exchange``: the message it
+    travels in (one per tensor, sender and receiver); ``flops_floor`` / ``weights_floor``: total FLOPs and
+    weights per node with no link kept (separated branches), so that cost(kept) = floor + sum over kept.
+    """
+
+    flops: np.ndarray
+    weights: np.ndarray
+    exchange: np.ndarray
+    flops_floor: int
+    flops_dense: int
+    weights_floor: np.ndarray
+    params_dense: int
+
+
+def link_costs(part: Partition) -> LinkCosts:
+    """Per-link FLOPs, weights and exchange id, and the cost floor at r = 0 (the cost model's accounting)."""
+    from ..cost import estimate
+
+    n = part.n_links
+    flops = np.zeros(n, dtype=np.int64)
+    weights = np.zeros(n, dtype=np.int64)
+    for ly in part.layers:
+        idx = ly.col_link[ly.out_owner]  # [O, I] link of every connection (negative: local or unread)
+        sel = (idx >= 0) & (ly.structure() if ly.groups > 1 else True)
+        count = np.bincount(idx[sel], minlength=n).astype(np.int64)
+        w = ly.view(part.gm).weight
+        flops += 2 * ly.macs_per_connection * count
+        weights += count * (math.prod(w.shape[2:]) if w.dim() > 2 else 1)
+    L = part.links
+    sender = np.zeros(n, dtype=np.int64)
+    for t, name in enumerate(part.link_tensors):
+        sel = L.tensor == t
+        sender[sel] = part.owner[name][L.channel[sel]]
+    key = (L.tensor.astype(np.int64) * part.nodes + sender) * part.nodes + L.receiver
+    exchange = np.unique(key, return_inverse=True)[1].astype(np.int64) if n else key
+    floor = estimate(part, part.no_links())
+    return LinkCosts(flops, weights, exchange, floor.flops_total, floor.flops_dense,
+                     np.asarray(floor.params_per_node, dtype=np.int64), floor.params_dense)
 
 
 def select_links(
     part: Partition, scores: np.ndarray, ratio: float, budget: str = "global", within: np.ndarray | None = None,
+    *, max_flops: float = DEFAULT_MAX_FLOPS, max_weights_per_node: float = DEFAULT_MAX_WEIGHTS_PER_NODE,
+    costs: LinkCosts | None = None,
 ) -> np.ndarray:
     """The kept set for communication ratio ``ratio`` (kept bytes / dense bytes).
 
     ``global``: rank every link by score per byte across all layers and fill the budget
     greedily (skipping links that no longer fit, so the achieved ratio lands just under
     the target). ``layer``: keep the top ``ratio`` share of the links of every tensor
-    (rounded so that the total stays on the byte budget).
+    (rounded so that the total stays on the byte budget). ``joint``: the byte budget plus
+    total FLOPs <= ``max_flops`` x dense and weights of every node <= ``max_weights_per_node``
+    x the whole model's. Links are ranked by score, less a price times the FLOPs and weights they
+    bring to their receiving node (as shares of the room the caps leave above the r = 0 floor), per
+    byte, and filled greedily under all three caps; the price is the smallest at which the byte
+    budget fills (a Lagrangian relaxation of the two caps). Caps below the floor are refused.
     ``within`` restricts the choice to a previous kept set (gradual pruning never regrows).
     """
     if not 0.0 <= ratio <= 1.0:
@@ -31,6 +92,8 @@ def select_links(
     cand = np.ones(n, dtype=bool) if within is None else np.asarray(within, dtype=bool).copy()
     kept = np.zeros(n, dtype=bool)
     vals = part.links.values
+    if budget == "joint":
+        return _joint(part, scores, ratio, cand, max_flops, max_weights_per_node, costs or link_costs(part))
     if budget == "global":
         room = ratio * part.dense_values()
         order = np.argsort(-(scores / vals), kind="stable")
@@ -59,6 +122,78 @@ def select_links(
         idx = idx[cand[idx]]
         kept[idx[np.argsort(-scores[idx], kind="stable")[:quota[t]]]] = True
     return kept
+
+
+def joint_rooms(part: Partition, ratio: float, max_flops: float, max_weights_per_node: float,
+                costs: LinkCosts) -> tuple[float, float, np.ndarray]:
+    """Room left above the r = 0 floor: (byte values, FLOPs, weights per node); refuses infeasible caps."""
+    if not 0 < max_flops <= 1 or not 0 < max_weights_per_node <= 1:
+        raise ValueError(f"--max-flops and --max-weights-per-node are fractions of dense in (0, 1], got "
+                         f"{max_flops} and {max_weights_per_node}")
+    f_room = max_flops * costs.flops_dense - costs.flops_floor
+    w_room = max_weights_per_node * costs.params_dense - costs.weights_floor
+    if f_room < 0 or (w_room < 0).any():
+        raise ValueError(
+            f"the joint budget's caps cannot be met by any choice of links: with no link kept (r=0) the model "
+            f"already needs {costs.flops_floor / costs.flops_dense:.3f}x the dense FLOPs (cap --max-flops "
+            f"{max_flops}) and up to {costs.weights_floor.max() / costs.params_dense:.3f}x the weights on one node "
+            f"(cap --max-weights-per-node {max_weights_per_node})")
+    return ratio * part.dense_values(), float(f_room), w_room.astype(np.float64)
+
+
+def _joint(part: Partition, scores: np.ndarray, ratio: float, cand: np.ndarray, max_flops: float,
+           max_weights_per_node: float, costs: LinkCosts) -> np.ndarray:
+    """Greedy fill by (score - price * resources) per byte; the price is the smallest that fills the bytes."""
+    b_room, f_room, w_room = joint_rooms(part, ratio, max_flops, max_weights_per_node, costs)
+    vals = part.links.values.astype(np.float64)
+    recv = part.links.receiver
+    tiny = 1e-12
+    # the FLOPs and weights a link brings, as shares of the room the caps leave (a zero room: infinite)
+    use = costs.flops / max(f_room, tiny) + costs.weights / np.maximum(w_room[recv], tiny)
+    c_idx = np.nonzero(cand)[0]
+    pos = scores[c_idx][scores[c_idx] > 0]
+    s = scores / (np.median(pos) if len(pos) else 1.0)
+    need = b_room - 0.005 * part.dense_values()  # the byte budget counts as filled within 0.5% of dense
+
+    def fill(price: float) -> tuple[np.ndarray, float]:
+        order = c_idx[np.argsort(-((s[c_idx] - price * use[c_idx]) / vals[c_idx]), kind="stable")]
+        kept = np.zeros(part.n_links, dtype=bool)
+        b = f = 0.0
+        w = np.zeros(part.nodes)
+        for k in order.tolist():
+            j = recv[k]
+            if (b + vals[k] <= b_room + 1e-9 and f + costs.flops[k] <= f_room + 1e-9
+                    and w[j] + costs.weights[k] <= w_room[j] + 1e-9):
+                kept[k] = True
+                b += vals[k]
+                f += costs.flops[k]
+                w[j] += costs.weights[k]
+        return kept, b
+
+    best, best_b = fill(0.0)
+    if best_b >= need:
+        return best
+    lo, hi = 0.0, None
+    for price in 1e-3 * 2.0 ** np.arange(40):  # the smallest price (x2) at which the bytes fill ...
+        kept, b = fill(float(price))
+        if b > best_b:
+            best, best_b = kept, b
+        if b >= need:
+            hi = float(price)
+            break
+        lo = float(price)
+    if hi is not None:
+        for _ in range(8):  # ... refined by bisection
+            mid = 0.5 * (lo + hi)
+            kept, b = fill(mid)
+            if b >= need:
+                hi, best, best_b = mid, kept, b
+            else:
+                lo = mid
+    if best_b < need:
+        log.warning("joint budget: the FLOPs or weight caps bind before the byte budget fills; r = %.4f instead "
+                    "of %.4f", best_b / part.dense_values(), ratio)
+    return best
 
 
 def cubic_ratio(step: int, total: int, target: float) -> float:

@@ -1,0 +1,67 @@
+"""Which links to keep: random, magnitude, taylor and group-lasso selection on CIFAR ResNet-20, several seeds.
+
+Every run starts from the committed dense checkpoint (src/disco/assets/cifar_resnet20_dense.safetensors) and
+fine-tunes with the same schedule; only ``--selection`` and ``--seed`` change within a setting. Finished runs are
+skipped (each keeps ``runs/selection/NAME.json``), and results/cifar10_selection.json is rewritten after every run.
+
+    OMP_NUM_THREADS=1 nice -n 10 python recipes/selection/run.py --data ../shared/data/cifar10
+    python recipes/selection/table.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import sparsify_run  # noqa: E402
+
+DENSE = ROOT / "src" / "disco" / "assets" / "cifar_resnet20_dense.safetensors"
+SETTINGS = [(4, 0.1), (2, 0.1), (4, 0.05), (2, 0.05)]  # (nodes, ratio), the target setting first
+SELECTIONS = ["random", "magnitude", "taylor", "lasso"]
+FIELDS = ("selection", "budget", "nodes", "ratio", "target_ratio", "seed", "top1", "epochs", "train_subset",
+          "distill", "bytes", "dense_bytes", "flops_total", "flops_dense", "params_per_node", "params_dense", "name")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True)
+    p.add_argument("--settings", default=",".join(f"{n}:{r}" for n, r in SETTINGS), help="N:r,N:r,...")
+    p.add_argument("--selections", default=",".join(SELECTIONS))
+    p.add_argument("--budget", default="global")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--train-subset", type=int, default=5000, help="0: the whole training set")
+    p.add_argument("--distill", type=float, default=0.5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--runs", default=str(ROOT / "runs" / "selection"))
+    p.add_argument("--result", default=str(ROOT / "results" / "cifar10_selection.json"))
+    a = p.parse_args()
+    runs = Path(a.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    settings = [(int(n), float(r)) for n, r in (s.split(":") for s in a.settings.split(","))]
+    subset = a.train_subset or None
+    flags = ["--distill", str(a.distill), *(["--train-subset", str(subset)] if subset else [])]
+    for nodes, ratio in settings:
+        for seed in (int(s) for s in a.seeds.split(",")):
+            for sel in a.selections.split(","):
+                name = f"n{nodes}_r{ratio}_{a.budget}_{sel}_e{a.epochs}_sub{subset or 'all'}_s{seed}"
+                sparsify_run(runs, DENSE, a.data, name, nodes, ratio, a.epochs, [*flags, "--seed", str(seed)],
+                             budget=a.budget, selection=sel, threads=a.threads, seed=seed, train_subset=subset,
+                             distill=a.distill)
+                collect(runs, Path(a.result))
+
+
+def collect(runs: Path, result: Path) -> None:
+    """Every finished run of ``runs`` (all budgets and sizes) into ``result``, sorted, with the fields above."""
+    entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
+    rows = [{k: e.get(k) for k in FIELDS} for e in entries]
+    rows.sort(key=lambda e: (e["budget"], -e["nodes"], -e["target_ratio"], e["selection"], e["seed"]))
+    result.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
