@@ -1,6 +1,7 @@
-"""An independent reference for the DISCO function: activation masking instead of weight masking.
+"""Shared test helpers: the relative error of outputs, random BatchNorm statistics, and an independent
+reference for the DISCO function (activation masking instead of weight masking).
 
-The graph runs once with the *unmasked* weights. At every mixing op, node j's output
+The reference runs the graph once with the *unmasked* weights. At every mixing op, node j's output
 channels are computed from the op's input with the channels j may not read zeroed,
 and the output is assembled channel by channel from the node that owns each channel.
 """
@@ -12,6 +13,14 @@ import torch
 from torch import fx
 
 from disco.graph import REPLICATED, Partition
+
+
+def rel_err(a: object, b: object) -> float:
+    """max |a - b| / max |b| of two tensors, or the largest over the tensors of two outputs of the same
+    structure (tuples, lists, dicts of tensors: a detector's per-level outputs)."""
+    la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    assert len(la) == len(lb) and la, f"outputs with {len(la)} and {len(lb)} tensors"
+    return max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-12)) for x, y in zip(la, lb, strict=True))
 
 
 class _Assembled(fx.Interpreter):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import randomize_bn, reference_forward
+from reference import randomize_bn, reference_forward, rel_err
 from torch import nn
 
 from disco.cost import estimate
@@ -25,15 +25,6 @@ from disco.tasks import get_task
 from disco.tasks.det import coco_map
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
-def _max_rel(outs, refs) -> float:  # noqa: ANN001
-    assert len(outs) == len(refs)
-    return max(_rel(a, b) for a, b in zip(outs, refs, strict=True))
 
 
 # ---- the L2 norm channel reduction (a general rule) --------------------------------------------------
@@ -76,7 +67,7 @@ def test_channel_reductions_exact_and_counted(which: str, n: int) -> None:
     with torch.no_grad():
         ref = dm(x)
     out, trs = simulate(part, kept, x, timeout=10)
-    assert _rel(out, ref) < 1e-4
+    assert rel_err(out, ref) < 1e-4
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes
     assert sum(t.stats_bytes for t in trs) == rep.stats_bytes > 0
@@ -120,15 +111,15 @@ def test_split_ssd_invariants(tmp_path: Path, name: str, n: int) -> None:
         orig = plain(x)
     dm = DiscoModel(model, part)  # every link kept: the original model (invariant 1)
     with torch.no_grad():
-        assert _max_rel(dm(x), orig) < 1e-5
+        assert rel_err(dm(x), orig) < 1e-5
         dm.set_kept(kept)
         ref = dm(x)
     assert len(ref) == 2 * len(plain.spec.aspect_ratios)  # class and box outputs per level
     # the weight masks compute the activation-masking reference
     ref_gm = capture(plain, x)
-    assert _max_rel(ref, reference_forward(part, ref_gm, kept, x)) < 1e-5
+    assert rel_err(ref, reference_forward(part, ref_gm, kept, x)) < 1e-5
     out, trs = simulate(part, kept, x, timeout=20)
-    assert _max_rel(out, ref) < 1e-4  # invariant 2
+    assert rel_err(out, ref) < 1e-4  # invariant 2
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes  # invariant 3
     man = export(dm, part, kept, tmp_path, {"name": name, "kwargs": {"num_classes": 5}})
@@ -148,7 +139,7 @@ def test_vgg16_ssd_splits_with_the_l2norm_reduction() -> None:
     with torch.no_grad():
         ref = dm(x)
     out, trs = simulate(part, kept, x, timeout=60)
-    assert _max_rel(out, ref) < 1e-4
+    assert rel_err(out, ref) < 1e-4
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes
     assert sum(t.stats_bytes for t in trs) == rep.stats_bytes == 4 * 38 * 38 * 2
@@ -290,6 +281,7 @@ def test_generated_set_is_deterministic_coco(tmp_path: Path) -> None:
     assert ds.image(0).shape == (3, 64, 64) and len(t["boxes"]) >= 1 and t["labels"].min() >= 1
 
 
+@pytest.mark.slow
 def test_cost_cli_on_vgg16_ssd(capsys: pytest.CaptureFixture) -> None:
     from disco.cli import main
 
@@ -332,13 +324,14 @@ def test_disco_run_checks_the_per_level_outputs_against_the_export(tmp_path: Pat
     from disco.runtime.export import compare_reference
 
     model, part, kept, x = _setup("ssd_tiny_split", 2)
+    plain = copy.deepcopy(model)
     dm = DiscoModel(model, part, kept)
     export(dm, part, kept, tmp_path, {"name": "ssd_tiny_split", "kwargs": {"num_classes": 5}})
     ref = load_file(str(tmp_path / "reference.safetensors"))
     assert sorted(ref) == ["input"] + [f"output.{i}" for i in range(10)]
     x = ref.pop("input")
-    with torch.no_grad():
-        assert compare_reference(dm(x), ref) == 0.0
+    # the stored outputs are the DISCO function, computed independently (activation masking, unmasked weights)
+    assert compare_reference(reference_forward(part, capture(plain, x), kept, x), ref) < 1e-5
     capsys.readouterr()
     assert main(["run", str(tmp_path), "--nodes", "2", "--iters", "2", "--warmup", "0", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

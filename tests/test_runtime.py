@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from reference import rel_err
 from torch import nn
 
 from disco.cost import estimate
@@ -67,17 +68,13 @@ def _setup(name: str, n: int, frac: float = 0.3, seed: int = 0):  # noqa: ANN202
     return model, part, kept, dm, x, ref
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 @pytest.mark.parametrize("name", ["cifar_resnet8", "cifar_resnet20", "zoo", "rrdbnet_tiny", "mobilenet_v3_small",
                                   "resnet18", "vit_tv_test"])
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_plan_matches_disco_model_and_cost(name: str, n: int) -> None:
     _, part, kept, _, x, ref = _setup(name, n)
     out, trs = simulate(part, kept, x, timeout=10)
-    assert _rel(out, ref) < 1e-4  # invariant 2
+    assert rel_err(out, ref) < 1e-4  # invariant 2
     assert sum(t.payload_bytes for t in trs) == estimate(part, kept).bytes  # invariant 3
     link_bytes = sum(t.link_bytes for t in trs)
     assert np.array_equal(link_bytes, np.where(kept, part.links.values * 4, 0))  # every kept link, exactly once
@@ -91,7 +88,7 @@ def test_plan_dense_and_separated(kept_kind: str) -> None:
     with torch.no_grad():
         ref = dm(x)
     out, trs = simulate(part, kept, x, timeout=10)
-    assert _rel(out, ref) < 1e-4
+    assert rel_err(out, ref) < 1e-4
     assert sum(t.payload_bytes for t in trs) == estimate(part, kept).bytes
 
 
@@ -99,7 +96,7 @@ def test_plan_dense_and_separated(kept_kind: str) -> None:
 def test_lossy_codecs_report_error_and_bytes(codec: str, tol: float) -> None:
     _, part, kept, _, x, ref = _setup("cifar_resnet8", 2)
     out, trs = simulate(part, kept, x, codec=codec, timeout=10)
-    err = _rel(out, ref)
+    err = rel_err(out, ref)
     assert 0 < err < tol
     c = get_codec(codec)
     assert sum(t.payload_bytes for t in trs) == estimate(part, kept, bytes_per_value=c.bytes_per_value).bytes
@@ -129,7 +126,7 @@ def test_pacing_slows_down_by_the_link_model() -> None:
     t0 = time.perf_counter()
     out, trs = simulate(part, kept, x, link=LinkModel(8e6, 0.001), timeout=10)  # 1 MB/s
     dt = time.perf_counter() - t0
-    assert _rel(out, ref) < 1e-4
+    assert rel_err(out, ref) < 1e-4
     # the two directions overlap; at least the larger direction's bytes must have crossed at 1 MB/s
     assert dt >= max(t.payload_bytes for t in trs) / 1e6
 

@@ -50,7 +50,16 @@ def test_processes_match_single_process_and_cost_model(tmp_path, name: str, n: i
     assert rep["max_rel_err_vs_single_process"] < 1e-4  # invariant 2
     assert rep["bytes_sent_total"] == rep["bytes_predicted"] == man["_estimate"].bytes  # invariant 3
     assert rep["params_per_node"] == man["_estimate"].params_per_node  # invariant 4
-    assert len(rep["peak_rss_mb_per_node"]) == n
+    # each node loaded exactly its shard file's tensors (fp32 parameters and the buffers of its channels) ...
+    from safetensors.torch import load_file
+
+    shard = [sum(t.numel() * t.element_size() for t in load_file(str(tmp_path / f"node{j}.safetensors")).values())
+             for j in range(n)]
+    assert rep["weight_bytes_per_node"] == shard
+    assert all(b >= 4 * p for b, p in zip(shard, man["_estimate"].params_per_node, strict=True))
+    # ... and its peak memory holds at least those weights
+    assert all(rss * 2**20 > w for rss, w in zip(rep["peak_rss_mb_per_node"], rep["weight_bytes_per_node"],
+                                                 strict=True))
 
 
 def test_lossy_codec_and_pacing_and_streaming(tmp_path) -> None:
@@ -148,6 +157,21 @@ def test_torchrun_env_rendezvous(tmp_path) -> None:
     assert rep["bytes_sent_total"] == rep["bytes_predicted"]
 
 
-def test_node_command_is_plain_python() -> None:
-    cmd = node_command("d", 1, 2, 1234, [])
-    assert cmd[:3] == [sys.executable, "-m", "disco.runtime.node"] and "--rank" in cmd
+def test_node_commands_run_as_plain_processes(tmp_path) -> None:
+    """The command lines ``launch`` starts work by themselves: two plain Python processes, no launcher."""
+    import json
+
+    _export(tmp_path, "cifar_resnet8", 2)
+    port, res = free_port(), tmp_path / "r.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(node_command(tmp_path, r, 2, port, FAST + (["--result", str(res)] if r == 0 else [])),
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        codes = [p.wait(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0, 0], [p.stderr.read()[-1000:] for p in procs]
+    rep = json.loads(res.read_text())
+    assert rep["nodes"] == 2 and rep["max_rel_err_vs_single_process"] < 1e-4

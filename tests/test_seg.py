@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from reference import randomize_bn, reference_forward
+from reference import randomize_bn, reference_forward, rel_err
 from torch import nn
 
 from disco.cli import main
@@ -44,10 +44,6 @@ def _randomized(name: str = "deeplabv3plus_test", seed: int = 0, **kw) -> nn.Mod
     """A model with random BatchNorm statistics and affine terms (so that no block is an identity)."""
     torch.manual_seed(seed)
     return randomize_bn(build_model(name, **kw), seed)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 # ---- the model ----------------------------------------------------------------------------
@@ -105,22 +101,23 @@ def test_invariants_1_to_4(tmp_path: Path, n: int, os_: int) -> None:
     part = partition(model, x, n)
     dm = DiscoModel(model, part).eval()
     with torch.no_grad():
-        assert _rel(dm(x), ref) < 1e-5  # invariant 1: every link kept == the original model
+        assert rel_err(dm(x), ref) < 1e-5  # invariant 1: every link kept == the original model
     kept = np.random.default_rng(n).random(part.n_links) < 0.3
     dm.set_kept(kept)
     with torch.no_grad():
         out = dm(x)
-    assert _rel(out, reference_forward(part, capture(plain, x), kept, x)) < 1e-5  # the masks = activation masking
-    assert _rel(out, ref) > 1e-3  # and they do change the function
+    assert rel_err(out, reference_forward(part, capture(plain, x), kept, x)) < 1e-5  # the masks = activation masking
+    assert rel_err(out, ref) > 1e-3  # and they do change the function
     got, trs = simulate(part, kept, x, timeout=20)
     rep = estimate(part, kept)
-    assert _rel(got, out) < 1e-4  # invariant 2
+    assert rel_err(got, out) < 1e-4  # invariant 2
     assert sum(t.payload_bytes for t in trs) == rep.bytes  # invariant 3
     man = export(dm, part, kept, tmp_path, {"name": "deeplabv3plus_test", "kwargs": {"output_stride": os_}})
     assert [s["params"] for s in man["shards"]] == rep.params_per_node  # invariant 4
     assert sum(rep.params_per_node) < rep.params_dense  # the masked columns are not stored
 
 
+@pytest.mark.slow
 def test_cost_cli_resnet50_512(capsys) -> None:
     assert main(["cost", "deeplabv3plus_resnet50", "--nodes", "2", "--input-shape", "1,3,512,512", "--json"]) == 0
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

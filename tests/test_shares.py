@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from reference import randomize_bn
+from reference import randomize_bn, rel_err
 
 from disco.cost import estimate
 from disco.graph import partition
@@ -20,10 +20,6 @@ from disco.runtime.launch import launch
 from disco.runtime.local import simulate
 
 CASES = [(2, (2.0, 1.0)), (3, (3.0, 2.0, 1.0))]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def test_share_sizes() -> None:
@@ -59,13 +55,13 @@ def test_invariants_with_shares(name: str, n: int, shares: tuple[float, ...]) ->
             assert np.allclose(counts / counts.sum(), np.array(shares) / sum(shares), atol=1.5 / counts.sum())
     dm = DiscoModel(model, part).eval()
     with torch.no_grad():
-        assert _rel(dm(x), ref) < 1e-5  # invariant 1: every link kept == the original
+        assert rel_err(dm(x), ref) < 1e-5  # invariant 1: every link kept == the original
     kept = np.random.default_rng(n).random(part.n_links) < 0.3
     dm.set_kept(kept)
     with torch.no_grad():
         disco = dm(x)
     out, trs = simulate(part, kept, x, timeout=20)
-    assert _rel(out, disco) < 1e-4  # invariant 2 (node plans as threads)
+    assert rel_err(out, disco) < 1e-4  # invariant 2 (node plans as threads)
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes  # invariant 3
     assert sum(rep.bytes_sent_per_node) == sum(rep.bytes_received_per_node) == rep.bytes

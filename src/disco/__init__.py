@@ -2,7 +2,8 @@
 
 The public API (see :mod:`disco.api`): :func:`partition`, :class:`DiscoModel`, :func:`select_links`,
 :func:`estimate`, :func:`sparsify_model` (with :class:`SparsifyConfig`, :class:`Loaders`), :func:`export`
-and :func:`run`. They are imported on first use, so ``import disco`` stays light.
+and :func:`run`; with files: :func:`train`, :func:`sparsify_checkpoint` and :func:`evaluate`. They are
+imported on first use, so ``import disco`` stays light.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = ["CostReport", "DiscoModel", "Loaders", "Partition", "SparsifyConfig", "__version__", "estimate",
-           "export", "partition", "run", "select_links", "sparsify_model"]
+           "evaluate", "export", "partition", "run", "select_links", "sparsify_checkpoint", "sparsify_model", "train"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import (
@@ -22,11 +23,14 @@ if TYPE_CHECKING:  # pragma: no cover
         Partition,
         SparsifyConfig,
         estimate,
+        evaluate,
         export,
         partition,
         run,
         select_links,
+        sparsify_checkpoint,
         sparsify_model,
+        train,
     )
 
 

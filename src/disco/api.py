@@ -30,8 +30,8 @@ from .tasks import Task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CostReport", "DiscoModel", "Loaders", "Partition", "SparsifyConfig", "estimate", "export", "partition",
-           "run", "select_links", "sparsify_model"]
+__all__ = ["CostReport", "DiscoModel", "Loaders", "Partition", "SparsifyConfig", "estimate", "evaluate", "export",
+           "partition", "run", "select_links", "sparsify_checkpoint", "sparsify_model", "train"]
 
 
 def partition(model: nn.Module, example: Tensor | tuple[int, ...], nodes: int,
@@ -116,6 +116,73 @@ def sparsify_model(model: nn.Module, task_or_loaders: str | Task | Loaders, conf
         example = (1, *x.shape[1:])
     dm, result, _ = _sparsify(model, loaders, cfg, example)
     return dm, result
+
+
+def train(task: str, data: str | Path, out: str | Path, *, model: str | None = None, weights: str | Path | None = None,
+          epochs: int = 30, lr: float | None = None, weight_decay: float | None = None, optimizer: str | None = None,
+          batch_size: int = 128, limit: int | None = None, seed: int = 0,
+          eval_every: bool = False) -> dict[str, Any]:
+    """Train a dense model of a registered ``task`` on the dataset folder ``data`` into the checkpoint ``out``
+    (the starting point of DISCO; resumable: ``OUT.state.pt`` is written after every epoch).
+
+    ``model`` defaults to the task's; ``lr``, ``weight_decay`` and ``optimizer`` to the task's. Returns
+    ``{"checkpoint": out, **metrics}`` (the task's metrics on its test split).
+    """
+    from .checkpoint import Checkpoint, save_checkpoint
+    from .models import build_model
+    from .seed import seed_everything
+    from .tasks import get_task
+    from .train import fit
+
+    options = dict(task=task, data=str(data), out=str(out), model=model,
+                   weights=None if weights is None else str(weights), epochs=epochs, lr=lr, wd=weight_decay,
+                   optimizer=optimizer, batch_size=batch_size, limit=limit, seed=seed, eval_every=eval_every)
+    t = get_task(task)
+    seed_everything(seed)
+    name = model or t.default_model
+    kwargs = dict(t.model_kwargs)
+    net = build_model(name, weights=weights, **kwargs)
+    train_loader, test = t.loaders(str(data), batch_size, limit=limit, seed=seed)
+    out = Path(out)
+    lr = lr if lr is not None else getattr(t, "lr", 0.1)
+    wd = weight_decay if weight_decay is not None else getattr(t, "weight_decay", 5e-4)
+    hist = fit(net, train_loader, t.loss, epochs=epochs, lr=lr, weight_decay=wd,
+               state_path=out.with_name(out.name + ".state.pt"),
+               optimizer=optimizer or getattr(t, "optimizer", "sgd"),
+               on_epoch=(lambda e: t.evaluate(net, test)) if eval_every else None, desc="train")
+    metrics = t.evaluate(net, test)
+    save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=net.state_dict(),
+                               input_shape=list(t.input_shape), task=t.name,
+                               info={"metrics": metrics, "history": hist, "args": options}), out)
+    return {"checkpoint": str(out), **metrics}
+
+
+def evaluate(checkpoint: str | Path, data: str | Path, *, batch_size: int = 500,
+             limit: int | None = None) -> dict[str, Any]:
+    """Evaluate a dense or DISCO checkpoint on its task's test split: the task's metrics, with the checkpoint's
+    model, task, N and ratio, and the seconds it took."""
+    import time
+
+    from .loading import load
+    from .tasks import get_task
+
+    loaded = load(checkpoint)
+    task = get_task(loaded.ckpt.task or "cifar10")
+    _, test = task.loaders(str(data), batch_size, limit=limit)
+    t0 = time.perf_counter()
+    metrics = task.evaluate(loaded.model, test)
+    return {"checkpoint": str(checkpoint), "model": loaded.ckpt.model["name"], "task": task.name,
+            "nodes": loaded.ckpt.nodes, "ratio": loaded.ckpt.disco["ratio"] if loaded.ckpt.disco else 1.0,
+            **metrics, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def sparsify_checkpoint(checkpoint: str | Path, data: str | Path, out: str | Path,
+                        config: SparsifyConfig | None = None) -> dict[str, Any]:
+    """:func:`sparsify_model` from a dense checkpoint of a registered task into the DISCO checkpoint ``out``
+    (resumable, like :func:`train`); returns the result entry (achieved ratio, metrics, cost)."""
+    from .sparsify.run import sparsify
+
+    return sparsify(checkpoint, str(data), out, config or SparsifyConfig())
 
 
 def _arch_spec(arch: str | dict[str, Any] | None) -> dict[str, Any]:

@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 import torch
 
@@ -19,30 +18,12 @@ def _threads(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .checkpoint import Checkpoint, save_checkpoint
-    from .models import build_model
-    from .seed import seed_everything
-    from .tasks import get_task
-    from .train import fit
+    from .api import train
 
-    task = get_task(args.task)
-    seed_everything(args.seed)
-    name = args.model or task.default_model
-    kwargs = dict(task.model_kwargs)
-    model = build_model(name, weights=args.weights, **kwargs)
-    train, test = task.loaders(args.data, args.batch_size, limit=args.limit, seed=args.seed)
-    out = Path(args.out)
-    lr = args.lr if args.lr is not None else getattr(task, "lr", 0.1)
-    wd = args.wd if args.wd is not None else getattr(task, "weight_decay", 5e-4)
-    hist = fit(model, train, task.loss, epochs=args.epochs, lr=lr, weight_decay=wd,
-               state_path=out.with_name(out.name + ".state.pt"),
-               optimizer=args.optimizer or getattr(task, "optimizer", "sgd"),
-               on_epoch=(lambda e: task.evaluate(model, test)) if args.eval_every else None, desc="train")
-    metrics = task.evaluate(model, test)
-    save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=model.state_dict(),
-                               input_shape=list(task.input_shape), task=task.name,
-                               info={"metrics": metrics, "history": hist, "args": vars(args) | {"func": None}}), out)
-    print(json.dumps({"checkpoint": str(out), **metrics}))
+    res = train(args.task, args.data, args.out, model=args.model, weights=args.weights, epochs=args.epochs,
+                lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer, batch_size=args.batch_size,
+                limit=args.limit, seed=args.seed, eval_every=args.eval_every)
+    print(json.dumps(res))
     return 0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -84,17 +83,9 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .loading import load
-    from .tasks import get_task
+    from .api import evaluate
 
-    loaded = load(args.checkpoint)
-    task = get_task(loaded.ckpt.task or "cifar10")
-    _, test = task.loaders(args.data, args.batch_size, limit=args.limit)
-    t0 = time.perf_counter()
-    metrics = task.evaluate(loaded.model, test)
-    out = {"checkpoint": args.checkpoint, "model": loaded.ckpt.model["name"], "task": task.name,
-           "nodes": loaded.ckpt.nodes, "ratio": loaded.ckpt.disco["ratio"] if loaded.ckpt.disco else 1.0,
-           **metrics, "seconds": round(time.perf_counter() - t0, 2)}
+    out = evaluate(args.checkpoint, args.data, batch_size=args.batch_size, limit=args.limit)
     if args.json:
         print(json.dumps(out))
     else:
