@@ -111,9 +111,9 @@ def test_export_needs_the_architecture_and_run_refuses_what_does_not_fit(tmp_pat
 
 
 def test_run_options_become_node_flags():
-    from disco.api import run_options
+    from disco.runtime.options import RunOptions
 
-    assert run_options(codec="fp16", bandwidth="100mbit", startup_timeout=5, limit=None) == [
+    assert RunOptions.from_kwargs(codec="fp16", bandwidth="100mbit", startup_timeout=5, limit=None).to_argv() == [
         "--codec", "fp16", "--bandwidth", "100mbit", "--startup-timeout", "5"]
 
 

@@ -24,3 +24,30 @@ def test_loader_augments_train_only(cifar_dir):
 def test_bad_split(tmp_path):
     with pytest.raises(ValueError, match="split"):
         load_cifar10(tmp_path, "val")
+
+
+def test_python_batches_read_without_running_code(tmp_path):
+    import pickle
+
+    import numpy as np
+    import pytest
+
+    from disco.data.cifar import read_batch
+
+    good = tmp_path / "test_batch"
+    data = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    good.write_bytes(pickle.dumps({b"data": data, b"labels": [3, 7]}, protocol=2))
+    d = read_batch(good)
+    assert d["labels"] == [3, 7] and np.array_equal(d["data"], data)
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    bad = tmp_path / "data_batch_1"
+    bad.write_bytes(pickle.dumps({"data": Evil(), "labels": []}))
+    with pytest.raises(ValueError, match=r"refused global (builtins|io)\.open"):
+        read_batch(bad)
+    assert not marker.exists()

@@ -215,46 +215,32 @@ def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | d
     return _export(model, model.partition, model.kept, out_dir, _arch_spec(arch), codec=codec, probe=probe)
 
 
-def run_options(**options: Any) -> list[str]:
-    """The node program's command-line options for the keyword ``options`` of :func:`run` (unknown: refused)."""
-    from .runtime.node import build_parser
-
-    known = {a.dest: a for a in build_parser()._actions if a.option_strings and a.dest not in
-             ("help", "rank", "world_size", "master_addr", "master_port", "result", "fail_rank", "fail_after")}
-    bad = sorted(set(options) - set(known))
-    if bad:
-        raise TypeError(f"unknown run option(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
-    out: list[str] = []
-    for k, v in options.items():
-        if v is not None:
-            out += [known[k].option_strings[0], str(v)]
-    return out
-
-
-def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, **options: Any) -> dict[str, Any]:
+def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, options: Any = None,
+        **kw: Any) -> dict[str, Any]:
     """Run an export as ``nodes`` local processes (gloo on 127.0.0.1) and return the leader's report, the same
     object as ``disco run --json``: latency, throughput, bytes sent beside the cost model's, the error against
     the single-process model, memory and weights per node.
 
-    ``options`` are those of ``disco run`` with underscores: ``codec``, ``bandwidth`` (e.g. ``"100mbit"``),
-    ``latency`` (``"2ms"``), ``input`` (a tensor file), ``data``/``limit`` (also run the task's test split),
-    ``warmup``, ``iters``, ``stream``, ``timeout``, ``startup_timeout``, ``threads``. ``run_timeout`` bounds the
-    whole run. Raises ``ValueError`` for an export or input that does not fit (nothing started) and
-    :class:`disco.runtime.launch.LaunchError` when a node fails.
+    Options are a :class:`disco.runtime.options.RunOptions` (``options=``) or its fields as keywords:
+    ``codec``, ``bandwidth`` (e.g. ``"100mbit"``), ``latency`` (``"2ms"``), ``input`` (a tensor file),
+    ``data``/``limit`` (also run the task's test split), ``warmup``, ``iters``, ``stream``, ``timeout``,
+    ``startup_timeout``, ``threads``. ``run_timeout`` bounds the whole run. Raises
+    :class:`disco.runtime.errors.RefusedError` (a ``ValueError``) for options, an export or an input that do not
+    fit (nothing started) and :class:`disco.runtime.launch.LaunchError` when a node fails or refuses.
     """
+    from .runtime.errors import RefusedError
     from .runtime.export import read_manifest
     from .runtime.launch import launch
-    from .runtime.node import NodeError, _load_input
+    from .runtime.node import _load_input
+    from .runtime.options import RunOptions
 
+    opts = RunOptions.from_kwargs(**kw) if options is None else options.replace(**kw)
+    opts.check()
     d = Path(export_dir)
     man = read_manifest(d)
     if nodes != man["nodes"]:
-        raise ValueError(f"{d} was exported for {man['nodes']} nodes, not {nodes}")
-    opts = run_options(**options)
-    if options.get("input") is not None:  # refuse a wrong input here, before starting anything
-        try:
-            _load_input(str(options["input"]), man, d)
-        except NodeError as e:
-            raise ValueError(str(e)) from e
+        raise RefusedError(f"{d} was exported for {man['nodes']} nodes, not {nodes}")
+    if opts.input is not None:  # refuse a wrong input here, before starting anything
+        _load_input(str(opts.input), man, d)
     return launch(d, nodes, opts, timeout=run_timeout)
 

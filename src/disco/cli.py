@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("error", exc_info=True)
         print(f"disco: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("disco: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

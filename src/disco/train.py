@@ -23,6 +23,48 @@ class StepHook(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def _plain(obj: Any) -> Any:
+    """Training state in types that ``torch.load(weights_only=True)`` reads: NumPy arrays become
+    ``{"__ndarray__": tensor}`` and NumPy scalars Python numbers (:func:`_numpy` reverses it)."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(np.ascontiguousarray(obj))}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+def _numpy(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__ndarray__"}:
+            return obj["__ndarray__"].numpy()
+        return {k: _numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_numpy(v) for v in obj)
+    return obj
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """Write resumable training state atomically, loadable with ``weights_only=True``."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(_plain(state), tmp)
+    tmp.replace(path)
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """Read what :func:`save_state` wrote; nothing in the file is executed (``weights_only=True``)."""
+    try:
+        return _numpy(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as e:  # an older state file, or not ours
+        raise ValueError(f"cannot resume from {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]} "
+                         "(delete it to start over)") from e
+
+
 def cosine_with_warmup(total: int, warmup: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if step < warmup:
@@ -77,7 +119,7 @@ def fit(
     start_epoch = 0
     state_path = Path(state_path) if state_path else None
     if state_path and state_path.is_file():
-        st = torch.load(state_path, map_location="cpu", weights_only=False)
+        st = load_state(state_path)
         if hook is not None:
             hook.load_state_dict(st["hook"])  # masks first: they shape the model's state
         model.load_state_dict(st["model"])
@@ -115,11 +157,9 @@ def fit(
         history.append(rec)
         log.info("%s epoch %d/%d %s", desc, epoch + 1, epochs, {k: round(v, 4) for k, v in rec.items()})
         if state_path:
-            tmp = state_path.with_name(state_path.name + ".tmp")
-            torch.save({
+            save_state({
                 "epoch": epoch + 1, "model": model.state_dict(), "optim": opt.state_dict(),
                 "sched": sched.state_dict(), "history": history, "rng": torch.get_rng_state(),
                 "hook": hook.state_dict() if hook is not None else None,
-            }, tmp)
-            tmp.replace(state_path)
+            }, state_path)
     return history

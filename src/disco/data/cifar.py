@@ -1,5 +1,9 @@
 """CIFAR-10 from the shared tar-of-JPEGs copy or from torchvision's ``cifar-10-batches-py``.
 
+The python batches are pickles; they are read by an unpickler that can build nothing but plain
+containers and NumPy arrays (no other global is looked up), so a crafted file in a data folder
+cannot run code: it is refused by name.
+
 The whole split is decoded once into a uint8 array (cached beside the user's cache
 directory) and augmented per batch in torch: on 2 CPU cores this is much faster than
 a ``Dataset`` of PIL images.
@@ -50,12 +54,50 @@ def _read_tar(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 
+# the only globals a CIFAR batch needs (NumPy arrays); anything else in a pickle is refused
+_ARRAY_GLOBALS = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                  ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # bytes under protocol 2
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, numbers, strings and NumPy arrays; refuses every other global (no code runs)."""
+
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) not in _ARRAY_GLOBALS:
+            raise pickle.UnpicklingError(f"refused global {module}.{name} (a CIFAR batch holds only arrays)")
+        if module == "_codecs":
+            import codecs
+
+            return codecs.encode
+        if name == "_reconstruct":
+            try:
+                from numpy._core.multiarray import _reconstruct
+            except ImportError:  # NumPy 1
+                from numpy.core.multiarray import _reconstruct
+            return _reconstruct
+        return getattr(np, name)
+
+
+def read_batch(path: Path) -> dict:
+    """One ``cifar-10-batches-py`` file as a dict, without executing anything it names."""
+    try:
+        with open(path, "rb") as f:
+            d = _ArrayUnpickler(f, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a CIFAR-10 python batch: {e}") from e
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} is not a CIFAR-10 python batch (holds a {type(d).__name__})")
+    d = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in d.items()}
+    if "data" not in d or "labels" not in d:
+        raise ValueError(f"{path} is not a CIFAR-10 python batch (keys {sorted(map(str, d))[:5]})")
+    return d
+
+
 def _read_batches(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
     xs, ys = [], []
     for n in names:
-        with open(folder / n, "rb") as f:
-            d = pickle.load(f, encoding="latin1")
+        d = read_batch(folder / n)
         xs.append(np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         ys.append(np.asarray(d["labels"], dtype=np.int64))
     return np.concatenate(xs), np.concatenate(ys)

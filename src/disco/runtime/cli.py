@@ -54,24 +54,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The node options of ``disco run`` (those :func:`disco.runtime.node.add_run_options` defines)."""
-    from .node import add_run_options
-
-    p = argparse.ArgumentParser(add_help=False)
-    add_run_options(p)
-    return {a.dest: getattr(args, a.dest) for a in p._actions}
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from ..api import run
-    from .launch import LaunchError
+    from .errors import RefusedError, RunFailure
+    from .options import RunOptions
 
     try:
-        rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, **_run_options(args))
-    except LaunchError as e:
+        rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, options=RunOptions.from_args(args))
+    except (RefusedError, RunFailure) as e:
         print(f"disco run: error: {e}", file=sys.stderr)
-        return 3
+        return e.exit_code
     if args.json:
         print(json.dumps(rep))
     else:

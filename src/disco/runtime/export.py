@@ -4,14 +4,19 @@ Layout of an export directory::
 
     manifest.json            format, version, model config and hash, nodes, input shape,
                              ownership fingerprint, kept links (bit-packed), dtype, codec,
-                             per-node parameter counts and shard checksums
+                             per-node parameter counts and shard checksums, the reference's
+                             checksum, and ``manifest_hash`` over all of these
     node{j}.safetensors      node j's weights only; its header repeats the identity
-                             (model hash, nodes, rank, fingerprint) and a tensor checksum
+                             (model hash, nodes, rank, fingerprint), a tensor checksum, the
+                             manifest hash and one digest per manifest field
     reference.safetensors    a probe input and the single-process DISCO model's output on it
 
-A node rebuilds the architecture on the ``meta`` device (no weight memory), re-derives
-the partition and its own plan from the manifest, checks the shard against them and
-loads only its own tensors.
+Verification before any compute (:func:`load_node`): the manifest's fields are all there and
+name nothing outside the export folder; each field's digest matches the one the shard recorded
+at export (an edited field is refused by name); the manifest hash matches; the shard's tensors
+match both its header's and the manifest's checksum. Then a node rebuilds the architecture on
+the ``meta`` device (no weight memory), re-derives the partition and its own plan from the
+manifest, checks the shard's shapes against them and keeps only its own tensors.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,16 +37,23 @@ from torch import Tensor, fx, nn
 
 from ..checkpoint import pack_bits, state_digest, unpack_bits
 from ..graph import Partition, partition
+from .errors import RefusedError
 from .plan import NodePlan
 
 log = logging.getLogger(__name__)
 
 FORMAT = "disco-shards"
-VERSION = 1
+VERSION = 2  # 2: manifest hash and per-field digests in every shard header
+
+# every field a node reads; ``info`` (free-form notes) and ``manifest_hash`` itself are not hashed
+REQUIRED = ("format", "version", "model", "model_hash", "nodes", "input_shape", "fingerprint", "n_links", "kept",
+            "ratio", "codec", "params_dense", "bytes_predicted", "shards", "manifest_hash", "reference_sha256")
+UNHASHED = ("manifest_hash", "info")
+# model config keys that could make a node read a file (a manifest names no file outside its folder)
+_FILE_KEYS = re.compile(r"weight|pretrain|checkpoint|ckpt|path|file|url|dir|backbone", re.I)
 
 
-
-class ShardError(ValueError):
+class ShardError(RefusedError):
     """A shard or manifest that does not belong to this run (other model, N, rank) or is damaged."""
 
 
@@ -97,8 +110,6 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     links decide which weight columns are written either way). ``model_spec`` is the
     ``{"name", "kwargs"}`` config that rebuilds the architecture. Returns the manifest.
     """
-    from safetensors.torch import save_file
-
     from ..cost import estimate
     from .transport import get_codec
 
@@ -114,23 +125,19 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     mhash = model_hash(gm, part)
     fp = part.fingerprint()
     rep = estimate(part, kept)
-    shards = []
+    check_model_spec(model_spec, "model_spec")
+    states, shards = [], []
     for j in range(part.nodes):
         plan = NodePlan(part, kept, j)
         state, n_params = plan.shard_from(gm)
         if n_params != rep.params_per_node[j]:
             raise RuntimeError(f"shard of rank {j} holds {n_params} parameters, the cost model counts "
                                f"{rep.params_per_node[j]} (accounting mismatch)")
-        digest = state_digest(state)
-        header = {"format": FORMAT, "version": VERSION, "model_hash": mhash, "nodes": part.nodes, "rank": j,
-                  "fingerprint": fp, "sha256": digest, "params": n_params}
-        path = out / f"node{j}.safetensors"
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(state, str(tmp), metadata={"disco_shard": json.dumps(header)})
-        tmp.replace(path)
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        shards.append({"file": path.name, "rank": j, "params": n_params, "bytes": nbytes, "sha256": digest})
-    save_file({"input": probe.contiguous(), **ref}, str(out / "reference.safetensors"))
+        states.append(state)
+        shards.append({"file": f"node{j}.safetensors", "rank": j, "params": n_params, "bytes": nbytes,
+                       "sha256": state_digest(state)})
+    _write(out / "reference.safetensors", {"input": probe.contiguous(), **ref})
     manifest = {
         "format": FORMAT, "version": VERSION, "model": model_spec, "model_hash": mhash, "nodes": part.nodes,
         "shares": list(part.shares) if part.shares else None,
@@ -138,10 +145,19 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
         "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "stats_bytes": rep.stats_bytes,
-        "shards": shards, "info": info or {},
+        "shards": shards, "reference_sha256": file_sha256(out / "reference.safetensors"), "info": info or {},
         "task": (info or {}).get("task"),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    fields = field_digests(manifest)
+    manifest["manifest_hash"] = manifest_hash(fields)
+    for j, state in enumerate(states):
+        header = {"format": FORMAT, "version": VERSION, "model_hash": mhash, "nodes": part.nodes, "rank": j,
+                  "fingerprint": fp, "sha256": shards[j]["sha256"], "params": shards[j]["params"],
+                  "manifest_hash": manifest["manifest_hash"], "manifest_fields": fields}
+        _write(out / shards[j]["file"], state, {"disco_shard": json.dumps(header)})
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(out / "manifest.json")
     log.info("exported %d shards to %s (params per node %s)", part.nodes, out, [s["params"] for s in shards])
     return manifest
 
@@ -237,6 +253,53 @@ def _first_divergence(part: Partition, kept: np.ndarray, probe: Tensor, tol: flo
     return "no single op's output differs (the difference is in gathering the output)"
 
 
+def _write(path: Path, state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def field_digests(man: dict[str, Any]) -> dict[str, str]:
+    """One digest per manifest field (all but ``info`` and ``manifest_hash``), over its canonical JSON."""
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+            for k, v in sorted(man.items()) if k not in UNHASHED}
+
+
+def manifest_hash(fields: dict[str, str]) -> str:
+    """The manifest hash: over the per-field digests (so every field that matters is in it)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def check_model_spec(spec: Any, where: str) -> None:
+    """Refuse a model config that could make a node read a file: a manifest names no file outside its folder,
+    and a node's weights are its shard only."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ShardError(f"{where}: field 'model' must be {{'name': ..., 'kwargs': {{...}}}}, got {spec!r:.80}")
+    kwargs = spec.get("kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise ShardError(f"{where}: field 'model.kwargs' must be an object, got {type(kwargs).__name__}")
+    for k, v in kwargs.items():
+        if _FILE_KEYS.search(k):
+            raise ShardError(f"{where}: field 'model.kwargs.{k}' is refused: a node's weights are its shard only "
+                             "(a manifest names no file)")
+        scalars = (v,) if not isinstance(v, (list, tuple)) else tuple(v)
+        for x in scalars:
+            if not (x is None or isinstance(x, (bool, int, float))
+                    or (isinstance(x, str) and len(x) < 64 and not re.search(r"[/\\~]|\.\.", x))):
+                raise ShardError(f"{where}: field 'model.kwargs.{k}' = {x!r:.60} is refused: model options are "
+                                 "numbers, flags or short names, never paths")
+
+
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32") -> dict[str, Any]:
     """Export a sparsified DISCO checkpoint (one with ``disco`` metadata: nodes, kept links)."""
     from ..loading import load
@@ -251,16 +314,50 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "
 
 
 def read_manifest(d: str | Path) -> dict[str, Any]:
+    """Read ``d/manifest.json`` and refuse it (:class:`ShardError`, naming the field) when a field is missing,
+    of the wrong kind, or names a file outside ``d`` (the hash is checked against a shard by :func:`load_node`)."""
     p = Path(d) / "manifest.json"
     if not p.is_file():
         raise ShardError(f"{d} has no manifest.json (not an export directory; run `disco export` first)")
     try:
         m = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{p} is damaged: {e}") from e
+    if not isinstance(m, dict):
+        raise ShardError(f"{p} is damaged: not a JSON object")
     if m.get("format") != FORMAT or m.get("version") != VERSION:
-        raise ShardError(f"{p}: format {m.get('format')!r} v{m.get('version')}, expected {FORMAT!r} v{VERSION}")
+        raise ShardError(f"{p}: format {m.get('format')!r} v{m.get('version')}, expected {FORMAT!r} v{VERSION}"
+                         + (" (an older export: export it again)" if m.get("format") == FORMAT else ""))
+    missing = [k for k in REQUIRED if k not in m]
+    if missing:
+        raise ShardError(f"{p}: field{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} missing")
+    check_model_spec(m["model"], str(p))
+    if not isinstance(m["nodes"], int) or isinstance(m["nodes"], bool) or m["nodes"] < 1:
+        raise ShardError(f"{p}: field 'nodes' must be a positive integer, got {m['nodes']!r}")
+    shards = m["shards"]
+    if not isinstance(shards, list) or len(shards) != m["nodes"]:
+        raise ShardError(f"{p}: field 'shards' must list {m['nodes']} shards")
+    for j, sh in enumerate(shards):
+        if not isinstance(sh, dict) or sh.get("rank") != j or sh.get("file") != f"node{j}.safetensors" \
+                or not isinstance(sh.get("sha256"), str):
+            raise ShardError(f"{p}: field 'shards[{j}]' must be {{'file': 'node{j}.safetensors', 'rank': {j}, "
+                             f"'sha256': ...}} (a manifest names no file outside its folder), got {sh!r:.100}")
     return m
+
+
+def _check_fields(man: dict[str, Any], header: dict[str, Any], d: Path, path: Path) -> None:
+    """Name the manifest fields that differ from what the shard recorded at export."""
+    rec = header.get("manifest_fields")
+    if not isinstance(rec, dict):
+        raise ShardError(f"shard {path} has no record of its manifest (an older export: export it again)")
+    now = field_digests(man)
+    edited = sorted(k for k in set(rec) | set(now) if rec.get(k) != now.get(k))
+    if edited:
+        raise ShardError(f"{d / 'manifest.json'}: field{'s' if len(edited) > 1 else ''} "
+                         f"{', '.join(map(repr, edited))} edited after export (the shards recorded other values)")
+    if manifest_hash(now) != man["manifest_hash"] or header.get("manifest_hash") != man["manifest_hash"]:
+        raise ShardError(f"{d / 'manifest.json'}: field 'manifest_hash' edited after export "
+                         "(the shards recorded another)")
 
 
 @dataclass
@@ -284,6 +381,7 @@ def meta_partition(manifest: dict[str, Any]) -> Partition:
     from ..models import build_model
 
     spec = manifest["model"]
+    check_model_spec(spec, "manifest")
     shape, nodes = manifest["input_shape"], int(manifest["nodes"])
     try:
         with torch.device("meta"):
@@ -318,13 +416,17 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
             if header is None:
                 raise ShardError(f"shard {path} is not a DISCO shard (no header)")
             _check_header(header, man, rank, path)
+            _check_fields(man, header, d, path)
             weights = {k: f.get_tensor(k) for k in f.keys()}
     except ShardError:
         raise
     except Exception as e:
         raise ShardError(f"shard {path} is damaged: {type(e).__name__}: {e}") from e
-    if state_digest(weights) != header["sha256"]:
+    digest = state_digest(weights)
+    if digest != header["sha256"]:
         raise ShardError(f"shard {path} is damaged: tensor checksum does not match its header")
+    if digest != man["shards"][rank]["sha256"]:
+        raise ShardError(f"{d / 'manifest.json'}: field 'shards[{rank}].sha256' does not match {path.name}")
     part = meta_partition(man)
     if part.fingerprint() != man["fingerprint"]:
         raise ShardError(f"{d}: ownership fingerprint {man['fingerprint']} does not match the partition of "

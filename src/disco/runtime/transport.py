@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import RunFailure
+
 log = logging.getLogger(__name__)
 
 
@@ -145,7 +147,7 @@ class LinkModel:
 
 # ---- transports -------------------------------------------------------------------------------
 
-class PeerError(RuntimeError):
+class PeerError(RunFailure):
     """A peer died, closed its connection or stopped answering."""
 
     def __init__(self, rank: int, why: str) -> None:
@@ -348,6 +350,24 @@ class DistTransport(BaseTransport):
         w = dist.isend(buf, dst, tag=tag)
         with self._lock:
             self._works.append((w, dst, buf))
+            done = self._reap()
+        self._check(done)
+
+    def _reap(self) -> list[Any]:
+        """Drop the sends that completed (oldest first): a stream that never flushes stays bounded."""
+        k = 0
+        while k < len(self._works) and self._works[k][0].is_completed():
+            k += 1
+        done, self._works = self._works[:k], self._works[k:]
+        return done
+
+    @staticmethod
+    def _check(works: list[Any]) -> None:
+        for w, dst, _ in works:
+            try:
+                w.wait()
+            except Exception as e:
+                raise PeerError(dst, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
     def _post_recv(self, nbytes: int, src: int, tag: int) -> Callable[[], Tensor]:
         import torch.distributed as dist
@@ -364,8 +384,4 @@ class DistTransport(BaseTransport):
     def _wait_sends(self) -> None:
         with self._lock:
             works, self._works = self._works, []
-        for w, dst, _ in works:
-            try:
-                w.wait()
-            except Exception as e:
-                raise PeerError(dst, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        self._check(works)

@@ -1,0 +1,62 @@
+"""RunOptions (shared by launch and the node program), exit codes from exception types, the launcher's message."""
+
+from __future__ import annotations
+
+import pytest
+
+from disco.runtime.errors import EXIT_FAILED, EXIT_REFUSED, Interrupted, RefusedError, RunFailure, exit_code
+from disco.runtime.export import ShardError
+from disco.runtime.launch import LaunchError, failure_message, node_command, node_reason
+from disco.runtime.node import build_parser
+from disco.runtime.options import RunOptions, run_options
+from disco.runtime.transport import PeerError
+
+
+def test_options_travel_to_the_node_program_unchanged() -> None:
+    o = RunOptions(codec="fp16", bandwidth="100mbit", latency="2ms", limit=7, warmup=0, iters=5, stream=2,
+                   timeout=4.5, startup_timeout=6.0, threads=2, fail_rank=1, fail_signal="STOP")
+    cmd = node_command("d", 1, 2, 1234, o, result="/tmp/r.json")
+    args = build_parser().parse_args(cmd[3:])
+    assert RunOptions.from_args(args) == o
+    assert (args.rank, args.world_size, args.master_port, args.result) == (1, 2, 1234, "/tmp/r.json")
+    assert RunOptions().to_argv() == []  # defaults are not spelled out
+
+
+def test_flag_lists_are_still_accepted_and_unknown_flags_refused() -> None:
+    assert run_options(["--timeout", "3", "--codec", "int8"]) == RunOptions(timeout=3.0, codec="int8")
+    with pytest.raises(RefusedError, match="--nope"):
+        run_options(["--nope", "1"])
+
+
+@pytest.mark.parametrize("kw, match", [({"codec": "fp8"}, "unknown codec 'fp8'"),
+                                       ({"bandwidth": "fast"}, "cannot parse bandwidth"),
+                                       ({"iters": 0}, "--iters must be at least 1"),
+                                       ({"timeout": 0.0}, "--timeout must be a positive")])
+def test_bad_values_refused_before_start(kw: dict, match: str) -> None:
+    with pytest.raises(RefusedError, match=match):
+        RunOptions(**kw).check()
+
+
+def test_exit_code_follows_the_type_not_the_words() -> None:
+    assert exit_code(ShardError("this text says nothing")) == EXIT_REFUSED
+    assert exit_code(RefusedError("input refused... lost rank 0")) == EXIT_REFUSED
+    assert exit_code(PeerError(1, "refused connection")) == EXIT_FAILED  # 'refused' in the text: still 3
+    assert exit_code(RunFailure("input")) == EXIT_FAILED
+    assert exit_code(Interrupted(15)) == 143
+    assert LaunchError("x", [2, 3], ["", ""]).exit_code == EXIT_REFUSED
+    assert LaunchError("x", [3, -9], ["", ""]).exit_code == EXIT_FAILED
+
+
+def test_reason_of_a_node_that_failed_outside_the_node_program() -> None:
+    argparse_err = "usage: python -m disco.runtime.node ...\npython -m disco.runtime.node: error: argument " \
+                   "--latency: bad\n"
+    assert node_reason(argparse_err, 2).endswith("error: argument --latency: bad")
+    assert node_reason("", -9) == "killed by SIGKILL"
+    assert node_reason("", 3) == "exited with code 3"
+
+
+def test_first_reason_first_and_each_reason_once() -> None:
+    err = {0: "disco node 0: error: stopping: rank 2 reported: lost rank 1: no heartbeat for 4.0 s\n",
+           1: "", 2: "disco node 2: error: lost rank 1: no heartbeat for 4.0 s\n"}
+    msg = failure_message([2, 0], {0: 3, 1: -9, 2: 3}, err, {1: "stopped"})
+    assert msg == "node 2: lost rank 1: no heartbeat for 4.0 s; node 1 (stopped) was ended by the launcher"
