@@ -183,7 +183,7 @@ def test_node_commands_run_as_plain_processes(tmp_path) -> None:
     _export(tmp_path, "cifar_resnet8", 2)
     port, res = free_port(), tmp_path / "r.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(node_command(tmp_path, r, 2, port, FAST + (["--result", str(res)] if r == 0 else [])),
+    procs = [subprocess.Popen(node_command(tmp_path, r, 2, port, FAST, res if r == 0 else None),
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
         codes = [p.wait(timeout=90) for p in procs]
