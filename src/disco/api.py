@@ -14,6 +14,7 @@ command line is a thin layer over these functions.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,7 @@ def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | d
 
 
 def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, options: Any = None,
+        progress: Callable[[int, int], None] | None = None,
         **kw: Any) -> dict[str, Any]:
     """Run an export as ``nodes`` local processes (gloo on 127.0.0.1) and return the leader's report, the same
     object as ``disco run --json``: latency, throughput, bytes sent beside the cost model's, the error against
@@ -224,7 +226,8 @@ def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, opti
     Options are a :class:`disco.runtime.options.RunOptions` (``options=``) or its fields as keywords:
     ``codec``, ``bandwidth`` (e.g. ``"100mbit"``), ``latency`` (``"2ms"``), ``input`` (a tensor file),
     ``data``/``limit`` (also run the task's test split), ``warmup``, ``iters``, ``stream``, ``timeout``,
-    ``startup_timeout``, ``threads``. ``run_timeout`` bounds the whole run. Raises
+    ``startup_timeout``, ``threads``. ``run_timeout`` bounds the whole run; ``progress(done, total)`` is called
+    while the test split of ``data`` runs. Raises
     :class:`disco.runtime.errors.RefusedError` (a ``ValueError``) for options, an export or an input that do not
     fit (nothing started) and :class:`disco.runtime.launch.LaunchError` when a node fails or refuses.
     """
@@ -242,5 +245,5 @@ def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, opti
         raise RefusedError(f"{d} was exported for {man['nodes']} nodes, not {nodes}")
     if opts.input is not None:  # refuse a wrong input here, before starting anything
         _load_input(str(opts.input), man, d)
-    return launch(d, nodes, opts, timeout=run_timeout)
+    return launch(d, nodes, opts, timeout=run_timeout, progress=progress)
 

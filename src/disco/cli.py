@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from typing import Any, NoReturn
 
 import torch
 
+from .runtime.errors import EXIT_REFUSED, exit_code
+from .validate import nonnegative_float, positive_float, positive_int
+
 log = logging.getLogger("disco")
+NOTICE = "disco.notice"  # logger for what a user must hear without -v (resumed, skipped, wrote)
 
 
 def _threads(args: argparse.Namespace) -> None:
@@ -19,10 +25,11 @@ def _threads(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .api import train
+    from .validate import prepare_output
 
-    res = train(args.task, args.data, args.out, model=args.model, weights=args.weights, epochs=args.epochs,
-                lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer, batch_size=args.batch_size,
-                limit=args.limit, seed=args.seed, eval_every=args.eval_every)
+    res = train(args.task, args.data, prepare_output(args.out), model=args.model, weights=args.weights,
+                epochs=args.epochs, lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer,
+                batch_size=args.batch_size, limit=args.limit, seed=args.seed, eval_every=args.eval_every)
     print(json.dumps(res))
     return 0
 
@@ -30,25 +37,61 @@ def cmd_train(args: argparse.Namespace) -> int:
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
+def _task_names() -> list[str]:
+    from .tasks.registry import _TASKS
+
+    return sorted(_TASKS)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows ``(default: X)`` after every option that has a default its help does not already state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (d is None or d is False or d is argparse.SUPPRESS or "default:" in text.lower()
+                or "(default" in text.lower() or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose help shows every default and whose errors are one line (exit 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and action.option_strings and action.default not in (None, False):
+            action.help = "default: %(default)s"
+        return action
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_REFUSED, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="disco", description="Distributed DNN inference with sparse communications.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p = Parser(prog="disco", description="Distributed DNN inference with sparse communications. Exit codes: "
+               "0 done, 2 a value or file was refused, 3 a failure during the run.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (and tracebacks of failures)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train a dense model (the starting point of DISCO)")
-    t.add_argument("--task", default="cifar10")
+    t.add_argument("--task", default="cifar10", help="task: " + ", ".join(_task_names()))
     t.add_argument("--model", help="registered or torchvision model name (default: the task's)")
     t.add_argument("--weights", help="local state-dict file to start from")
-    t.add_argument("--data", required=True, help="dataset folder")
-    t.add_argument("--epochs", type=int, default=30)
-    t.add_argument("--lr", type=float, help="learning rate (default: the task's; 0.1 for cifar10)")
-    t.add_argument("--wd", type=float, help="weight decay (default: the task's; 5e-4 for cifar10)")
+    t.add_argument("--data", required=True, help="dataset folder (see docs/cli.md for each task's layout)")
+    t.add_argument("--epochs", type=positive_int, default=30)
+    t.add_argument("--lr", type=positive_float, help="learning rate (default: the task's; 0.1 for cifar10)")
+    t.add_argument("--wd", type=nonnegative_float, help="weight decay (default: the task's; 5e-4 for cifar10)")
     t.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the task's (sgd for cifar10, adam for sr)")
-    t.add_argument("--batch-size", type=int, default=128)
-    t.add_argument("--limit", type=int, help="use only the first LIMIT images of each split (smoke runs)")
+    t.add_argument("--batch-size", type=positive_int, default=128)
+    t.add_argument("--limit", type=positive_int, help="use only the first LIMIT images of each split (smoke runs)")
     t.add_argument("--eval-every", action="store_true", help="evaluate after every epoch")
     t.add_argument("--seed", type=int, default=0, help="seeds init, data order and augmentation")
-    t.add_argument("--threads", type=int)
+    t.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     t.add_argument("--out", required=True, help="checkpoint to write (.safetensors); resumes if interrupted")
     t.set_defaults(func=cmd_train)
 
@@ -60,20 +103,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+REFUSED = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, KeyError)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def setup_logging(verbose: bool) -> None:
+    """WARNING by default (INFO with -v); the notices of ``disco.notice`` (resume, skip) always show."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s" if verbose
+                        else "disco: %(message)s")
+    logging.getLogger(NOTICE).setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    _threads(args)
+    """Run one ``disco`` command; returns 0, 2 (refused input) or 3 (failure during the run)."""
     try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        log.debug("error", exc_info=True)
-        print(f"disco: error: {e}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a parse error (2, already printed in one line)
+        return int(e.code or 0)
+    setup_logging(args.verbose)
+    try:
+        _threads(args)
+        rc = args.func(args)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:  # the reader went away (``disco cost ... --json | head``): end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("disco: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # one line; the traceback with -v
+        log.debug("stopped", exc_info=True)
+        code = EXIT_REFUSED if isinstance(e, REFUSED) else exit_code(e)
+        if code == EXIT_REFUSED:
+            print(f"disco {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
+        else:
+            hint = "" if args.verbose else " (run with -v for the traceback)"
+            print(f"disco {args.cmd}: failed: {type(e).__name__}: {_one_line(e)}{hint}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -9,6 +9,19 @@ from pathlib import Path
 
 import torch
 
+from .validate import (
+    InputError,
+    bandwidth_arg,
+    fraction_arg,
+    nodes_arg,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+    ratio_arg,
+    shape_arg,
+    shares_arg,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -23,6 +36,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from .masks import DiscoModel
     from .models import build_model
     from .sparsify import magnitude_scores, select_links
+    from .validate import check_input_shape, check_nodes_fit, default_input_shape
 
     if _is_checkpoint(args.model):
         loaded = load(args.model)
@@ -38,8 +52,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
             log.warning("a checkpoint is costed at its own input shape %s", part.input_shape)
     else:
         nodes = args.nodes or (len(args.shares) if args.shares else 2)
+        if args.shares and len(args.shares) != nodes:
+            raise InputError(f"--shares has {len(args.shares)} values for --nodes {nodes}")
         model = build_model(args.model, weights=args.weights)
-        shape = args.input_shape or (1, 3, 224, 224)
+        shape = args.input_shape or default_input_shape(args.model, model)
+        check_input_shape(model, shape, args.model)
+        check_nodes_fit(model, nodes, args.model)
         part = partition(model, shape, nodes, args.shares)
         dm = DiscoModel(model, part)
         kept = select_links(part, magnitude_scores(dm), args.ratio, args.budget, **budget_options(args))
@@ -60,7 +78,9 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size,
                          optimizer=args.optimizer, weight_decay=args.wd)
-    res = sparsify(args.checkpoint, args.data, args.out, cfg)
+    from .validate import prepare_output
+
+    res = sparsify(args.checkpoint, args.data, prepare_output(args.out), cfg)
     print(json.dumps(res | {"checkpoint": args.out}))
     return 0
 
@@ -76,9 +96,9 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", default="global", choices=BUDGETS,
                    help="global: score per byte over all layers; layer: r in every layer; joint: bytes plus caps on "
                         "FLOPs and weights per node")
-    p.add_argument("--max-flops", type=float, default=DEFAULT_MAX_FLOPS,
+    p.add_argument("--max-flops", type=fraction_arg, default=DEFAULT_MAX_FLOPS,
                    help="joint budget: total FLOPs at most this fraction of dense")
-    p.add_argument("--max-weights-per-node", type=float, default=DEFAULT_MAX_WEIGHTS_PER_NODE,
+    p.add_argument("--max-weights-per-node", type=fraction_arg, default=DEFAULT_MAX_WEIGHTS_PER_NODE,
                    help="joint budget: every node's weights at most this fraction of the whole model's")
 
 
@@ -178,71 +198,65 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     """Register cost, sparsify, eval and demo."""
     c = sub.add_parser("cost", help="bytes, FLOPs, weights and memory of a split model")
     c.add_argument("model", help="torchvision or registered model name, or a DISCO checkpoint")
-    c.add_argument("--nodes", type=int, help="N (default 2; a checkpoint brings its own)")
-    c.add_argument("--shares", type=_shares, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
-    c.add_argument("--ratio", type=float, default=1.0, help="target r for a bare architecture (magnitude links)")
+    c.add_argument("--nodes", type=nodes_arg, help="N >= 2 (default 2, or the number of --shares; "
+                   "a checkpoint brings its own)")
+    c.add_argument("--shares", type=shares_arg, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
+    c.add_argument("--ratio", type=ratio_arg, default=1.0,
+                   help="target r in [0, 1] for a bare architecture (links chosen by weight magnitude)")
     _add_budget(c)
-    c.add_argument("--input-shape", type=_shape, help="e.g. 1,3,224,224 (default for a bare model)")
+    c.add_argument("--input-shape", type=shape_arg,
+                   help="e.g. 1,3,224,224 (default: the model's own, e.g. 1,3,32,32 for the CIFAR models, "
+                   "1,3,224,224 for torchvision ImageNet models)")
     c.add_argument("--weights", help="local state-dict file for a bare architecture")
-    c.add_argument("--bytes-per-value", type=int, default=4, help="4 = fp32 on the wire, 2 = fp16")
+    c.add_argument("--bytes-per-value", type=int, choices=(1, 2, 4), default=4,
+                   help="4 = fp32 on the wire, 2 = fp16/bf16, 1 = int8")
     c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.add_argument("--threads", type=int)
+    c.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     c.set_defaults(func=cmd_cost)
 
     s = sub.add_parser("sparsify", help="fine-tune a dense checkpoint into a DISCO model at ratio r")
     s.add_argument("checkpoint", help="dense checkpoint (from disco train)")
     s.add_argument("--data", required=True)
-    s.add_argument("--nodes", type=int, default=2)
-    s.add_argument("--shares", type=_shares, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
-    s.add_argument("--ratio", type=float, required=True, help="target communication ratio (0 = separated)")
+    s.add_argument("--nodes", type=nodes_arg, default=2, help="N >= 2")
+    s.add_argument("--shares", type=shares_arg, help="node shares of every layer's channels, e.g. 2,1 (default equal)")
+    s.add_argument("--ratio", type=ratio_arg, required=True,
+                   help="target communication ratio in [0, 1] (0 = separated)")
     _add_budget(s)
     s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random", "lasso"),
                    help="how links are ranked; lasso: a byte-weighted group-lasso penalty first (see --lasso)")
-    s.add_argument("--lasso", type=float, default=0.3, help="group-lasso strength of --selection lasso")
-    s.add_argument("--epochs", type=int, default=10)
-    s.add_argument("--prune-fraction", type=float, default=0.5, help="share of the run spent lowering r")
-    s.add_argument("--lr", type=float, help="fine-tuning learning rate (default: the task's; 0.02 for cifar10)")
-    s.add_argument("--distill", type=float, default=0.0, help="weight of distillation from the dense model")
+    s.add_argument("--lasso", type=nonnegative_float, default=0.3, help="group-lasso strength of --selection lasso")
+    s.add_argument("--epochs", type=positive_int, default=10)
+    s.add_argument("--prune-fraction", type=fraction_arg, default=0.5, help="share of the run spent lowering r")
+    s.add_argument("--lr", type=positive_float,
+                   help="fine-tuning learning rate (default: the task's; 0.02 for cifar10)")
+    s.add_argument("--distill", type=fraction_arg, default=0.0,
+                   help="weight in [0, 1] of distillation from the dense model")
     s.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), help="default: the task's")
-    s.add_argument("--wd", type=float, help="weight decay (default: the task's)")
-    s.add_argument("--batch-size", type=int, default=128)
-    s.add_argument("--limit", type=int)
-    s.add_argument("--train-subset", type=int, help="fine-tune on this many training images (a fixed subset per seed)")
+    s.add_argument("--wd", type=nonnegative_float, help="weight decay (default: the task's)")
+    s.add_argument("--batch-size", type=positive_int, default=128)
+    s.add_argument("--limit", type=positive_int, help="use only the first LIMIT images of each split (smoke runs)")
+    s.add_argument("--train-subset", type=positive_int,
+                   help="fine-tune on this many training images (a fixed subset per seed)")
     s.add_argument("--seed", type=int, default=0,
                    help="seeds everything random: data order, augmentation, subset, random links")
-    s.add_argument("--threads", type=int)
-    s.add_argument("--out", required=True)
+    s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
+    s.add_argument("--out", required=True, help="DISCO checkpoint to write (.safetensors); resumes if interrupted")
     s.set_defaults(func=cmd_sparsify)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint on its task's test split")
     e.add_argument("checkpoint")
     e.add_argument("--data", required=True)
-    e.add_argument("--batch-size", type=int, default=500)
-    e.add_argument("--limit", type=int)
-    e.add_argument("--json", action="store_true")
-    e.add_argument("--threads", type=int)
+    e.add_argument("--batch-size", type=positive_int, default=500)
+    e.add_argument("--limit", type=positive_int, help="evaluate only the first LIMIT test images")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     e.set_defaults(func=cmd_eval)
 
     d = sub.add_parser("demo", help="the end-to-end story on the embedded model (no external files)")
     d.add_argument("--checkpoint", help="use this DISCO checkpoint instead of the embedded one")
-    d.add_argument("--bandwidth", default="100mbit", help="the emulated link for the comparison")
-    d.add_argument("--iters", type=int, default=20, help="timed inferences per measurement")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--bandwidth", type=bandwidth_arg, default="100mbit",
+                   help="the emulated link for the comparison (e.g. 10mbit, 1gbit)")
+    d.add_argument("--iters", type=positive_int, default=20, help="timed inferences per measurement")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
     d.set_defaults(func=cmd_demo)
 
-
-def _shares(s: str) -> tuple[float, ...]:
-    try:
-        v = tuple(float(x) for x in s.split(","))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers like 2,1, got {s!r}") from e
-    if not all(x > 0 for x in v):
-        raise argparse.ArgumentTypeError(f"shares must be positive, got {s!r}")
-    return v
-
-
-def _shape(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in s.split(","))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,3,224,224, got {s!r}") from e

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+notice = logging.getLogger("disco.notice")  # shown without -v by the command line (resume, skip)
 
 
 class StepHook(Protocol):
@@ -127,12 +128,16 @@ def fit(
         sched.load_state_dict(st["sched"])
         start_epoch, history = st["epoch"], st["history"]
         torch.set_rng_state(st["rng"])
-        log.info("resumed %s at epoch %d/%d", state_path, start_epoch, epochs)
+        if start_epoch >= epochs:
+            notice.info("%s: all %d epochs were trained already; not training again (delete it to start over)",
+                        state_path, epochs)
+        else:
+            notice.info("resuming from %s at epoch %d/%d", state_path, start_epoch + 1, epochs)
     if teacher is not None:
         teacher.eval()
     for epoch in range(start_epoch, epochs):
         model.train()
-        tot, n = 0.0, 0
+        tot, n, recent = 0.0, 0, 0.0
         bar = tqdm(train_loader, desc=f"{desc} {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
         for i, (x, y) in enumerate(bar):
             out = model(x)
@@ -147,10 +152,11 @@ def fit(
             sched.step()
             if hook is not None:
                 hook(epoch * steps_per_epoch + i + 1, total)
-            tot += loss.item() * len(y)
+            v = loss.item()
+            tot += v * len(y)
             n += len(y)
-            if i % 20 == 0:
-                bar.set_postfix(loss=f"{tot / n:.3f}", lr=f"{sched.get_last_lr()[0]:.3g}")
+            recent = v if i == 0 else 0.9 * recent + 0.1 * v  # the bar shows the recent loss, not the mean
+            bar.set_postfix(loss=f"{recent:.4f}", lr=f"{sched.get_last_lr()[0]:.4g}", refresh=False)
         rec = {"epoch": epoch + 1, "loss": tot / max(n, 1)}
         if on_epoch is not None:
             rec.update(on_epoch(epoch + 1))

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .registry import _REGISTRY, register_model
+from .registry import _REGISTRY, register_model, registered_input_shape
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,6 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     log.info("loaded weights from %s", path)
 
 
-__all__ = ["build_model", "list_models", "load_weights", "register_model"]
+__all__ = ["build_model", "list_models", "load_weights", "register_model", "registered_input_shape"]
 
 from . import cifar_resnet, deeplab, rrdbnet, ssd, vit  # noqa: E402,F401  (registers the project models)

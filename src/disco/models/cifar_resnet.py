@@ -54,12 +54,12 @@ class CifarResNet(nn.Module):
         return self.fc(self.pool(x).flatten(1))
 
 
-@register_model("cifar_resnet20")
+@register_model("cifar_resnet20", input_shape=(1, 3, 32, 32))
 def cifar_resnet20(num_classes: int = 10, width: int = 16) -> CifarResNet:
     return CifarResNet(20, width, num_classes)
 
 
-@register_model("cifar_resnet8")
+@register_model("cifar_resnet8", input_shape=(1, 3, 32, 32))
 def cifar_resnet8(num_classes: int = 10, width: int = 16) -> CifarResNet:
     """A tiny member of the family, for tests and the embedded demo."""
     return CifarResNet(8, width, num_classes)

@@ -133,7 +133,7 @@ def _rates(output_stride: int, base: Sequence[int] = (6, 12, 18)) -> tuple[int, 
     return tuple(r * 16 // output_stride for r in base)  # the paper doubles the rates at output stride 8
 
 
-@register_model("deeplabv3plus_resnet50")
+@register_model("deeplabv3plus_resnet50", input_shape=(1, 3, 512, 512))
 def deeplabv3plus_resnet50(num_classes: int = CAMVID_CLASSES, output_stride: int = 16,
                            backbone_weights: str | None = None) -> DeepLabV3Plus:
     """The full-size model: ResNet-50 encoder (3, 4, 6, 3 blocks), ASPP 256, decoder 256, low-level 48.
@@ -144,7 +144,7 @@ def deeplabv3plus_resnet50(num_classes: int = CAMVID_CLASSES, output_stride: int
                     _rates(output_stride), 48, 256, backbone_weights)
 
 
-@register_model("deeplabv3plus_tiny")
+@register_model("deeplabv3plus_tiny", input_shape=(1, 3, 180, 240))
 def deeplabv3plus_tiny(num_classes: int = CAMVID_CLASSES, output_stride: int = 16,
                        backbone_weights: str | None = None) -> DeepLabV3Plus:
     """A CPU-sized model (trains on 2 cores): stem 16, stages (1, 2, 2, 1) blocks of widths

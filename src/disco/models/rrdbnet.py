@@ -75,13 +75,13 @@ class RRDBNet(nn.Module):
         return self.conv_last(self.lrelu(self.conv_hr(feat)))
 
 
-@register_model("rrdbnet")
+@register_model("rrdbnet", input_shape=(1, 3, 64, 64))
 def rrdbnet(scale: int = 4, num_feat: int = 64, num_block: int = 23, num_grow_ch: int = 32) -> RRDBNet:
     """The full-size ESRGAN generator by default (23 blocks, 64 features, growth 32)."""
     return RRDBNet(scale=scale, num_feat=num_feat, num_block=num_block, num_grow_ch=num_grow_ch)
 
 
-@register_model("rrdbnet_tiny")
+@register_model("rrdbnet_tiny", input_shape=(1, 3, 24, 24))
 def rrdbnet_tiny(scale: int = 4, num_feat: int = 16, num_block: int = 2, num_grow_ch: int = 8) -> RRDBNet:
     """A CPU-sized RRDBNet (for training on 2 cores and for tests)."""
     return RRDBNet(scale=scale, num_feat=num_feat, num_block=num_block, num_grow_ch=num_grow_ch)

@@ -168,21 +168,21 @@ def _split_torchvision(tv: nn.Module, extractor: type[nn.Module], num_classes: i
     return SSDSplit(extractor(tv.backbone), tv.head, spec)
 
 
-@register_model("ssd300_vgg16_split")
+@register_model("ssd300_vgg16_split", input_shape=(1, 3, 300, 300))
 def ssd300_vgg16_split(num_classes: int = 91) -> SSDSplit:
     """torchvision's ``ssd300_vgg16`` (random weights) as a split model; input 3x300x300 in 0-255 minus mean."""
     tv = tv_ssd.ssd300_vgg16(weights=None, weights_backbone=None, num_classes=num_classes)
     return _split_torchvision(tv, VGGExtractor, num_classes)
 
 
-@register_model("ssdlite320_split")
+@register_model("ssdlite320_split", input_shape=(1, 3, 320, 320))
 def ssdlite320_split(num_classes: int = 91) -> SSDSplit:
     """torchvision's ``ssdlite320_mobilenet_v3_large`` (random weights) as a split model."""
     tv = tv_ssdlite.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=num_classes)
     return _split_torchvision(tv, MobileNetExtractor, num_classes)
 
 
-@register_model("ssd_tiny_split")
+@register_model("ssd_tiny_split", input_shape=(1, 3, 128, 128))
 def ssd_tiny_split(num_classes: int = 11, width: int = 32, levels: int = 5) -> SSDSplit:
     """A CPU-sized SSD: :class:`TinyBackbone` with torchvision's SSDlite heads (for 128x128 inputs)."""
     backbone = TinyBackbone(width, levels)

@@ -7,7 +7,7 @@ from torch import nn
 from .registry import register_model
 
 
-@register_model("vit_cifar")
+@register_model("vit_cifar", input_shape=(1, 3, 32, 32))
 def vit_cifar(num_classes: int = 10, embed_dim: int = 128, depth: int = 4, num_heads: int = 4,
               mlp_ratio: float = 2.0) -> nn.Module:
     """64 tokens of 4x4 patches + a class token; 4 heads split evenly over N = 2 or 4 nodes."""
@@ -17,13 +17,13 @@ def vit_cifar(num_classes: int = 10, embed_dim: int = 128, depth: int = 4, num_h
                              num_heads=num_heads, mlp_ratio=mlp_ratio, class_token=True, global_pool="token")
 
 
-@register_model("vit_tiny_test")
+@register_model("vit_tiny_test", input_shape=(1, 3, 32, 32))
 def vit_tiny_test(num_classes: int = 10) -> nn.Module:
     """Two blocks, 4 heads of 8 channels: for tests."""
     return vit_cifar(num_classes=num_classes, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
 
 
-@register_model("vit_tv_test")
+@register_model("vit_tv_test", input_shape=(1, 3, 32, 32))
 def vit_tv_test(num_classes: int = 10) -> nn.Module:
     """torchvision's VisionTransformer (nn.MultiheadAttention), 2 layers of 12 heads x 4 channels: for tests."""
     import torch

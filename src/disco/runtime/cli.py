@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
+from ..validate import (
+    check_data_folder,
+    codec_arg,
+    nodes_arg,
+    positive_float,
+    ratio_arg,
+    shape_arg,
+    shares_arg,
+)
 
-def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape: tuple[int, ...],
+log = logging.getLogger(__name__)
+
+
+def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape: tuple[int, ...] | None,
                       shares: tuple[float, ...] | None = None, budget: str = "global", codec: str = "fp32",
                       weights: str | None = None, seed: int = 0) -> dict[str, Any]:
     """Export a bare architecture (random init, or ``weights``) with links chosen by weight magnitude at
@@ -19,10 +32,16 @@ def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape
     from ..masks import DiscoModel
     from ..models import build_model
     from ..sparsify import magnitude_scores, select_links
+    from ..validate import InputError, check_input_shape, check_nodes_fit, default_input_shape
     from .export import export
 
     torch.manual_seed(seed)
     model = build_model(name, weights=weights).eval()
+    input_shape = input_shape or default_input_shape(name, model)
+    check_input_shape(model, input_shape, name)
+    check_nodes_fit(model, nodes, name)
+    if shares and len(shares) != nodes:
+        raise InputError(f"--shares has {len(shares)} values for --nodes {nodes}")
     part = partition(model, tuple(input_shape), nodes, shares)
     dm = DiscoModel(model, part)
     kept = select_links(part, magnitude_scores(dm), ratio, budget) if ratio < 1 else part.all_links()
@@ -45,7 +64,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         nodes = args.nodes or (len(args.shares) if args.shares else 2)
         man = export_model_name(args.ckpt, args.out, nodes, 1.0 if args.ratio is None else args.ratio,
-                                args.input_shape or (1, 3, 224, 224), args.shares, args.budget, args.codec,
+                                args.input_shape, args.shares, args.budget, args.codec,
                                 args.weights)
     summary = {"out": args.out, "nodes": man["nodes"], "ratio": man["ratio"],
                "params_per_node": [s["params"] for s in man["shards"]],
@@ -59,8 +78,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .errors import RefusedError, RunFailure
     from .options import RunOptions
 
+    if args.data is not None:
+        check_data_folder(args.data)
     try:
-        rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, options=RunOptions.from_args(args))
+        rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, options=RunOptions.from_args(args),
+                  progress=_progress_bar() if args.data is not None else None)
     except (RefusedError, RunFailure) as e:
         print(f"disco run: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -77,10 +99,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar() -> Any:
+    """A progress callback for ``launch``: a tqdm bar on stderr when it is a terminal (the report's
+    test-split line is the final word either way)."""
+    from tqdm import tqdm
+
+    state: dict[str, Any] = {}
+
+    def cb(done: int, total: int) -> None:
+        if "bar" not in state:
+            state["bar"] = tqdm(total=total, desc="test split", unit="batch", file=sys.stderr,
+                                disable=not sys.stderr.isatty(), leave=False, dynamic_ncols=True)
+        bar = state["bar"]
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return cb
+
+
+def link_text(r: dict[str, Any]) -> str:
+    """'100 Mbit/s, 2 ms latency', 'unshaped' ... for a report's link."""
+    bw, lat = r.get("bandwidth_mbit"), r.get("latency_s") or 0.0
+    return ("unshaped" if bw is None else f"{bw:g} Mbit/s") + (f", {lat * 1e3:g} ms latency" if lat else "")
+
+
 def _print_report(r: dict[str, Any]) -> None:
     err = r["max_rel_err_vs_single_process"]
-    print(f"{r['model']} on {r['nodes']} processes, r = {r['ratio']:.3f}, codec {r['codec']}, "
-          f"link {'unshaped' if r['bandwidth_mbit'] is None else str(r['bandwidth_mbit']) + ' Mbit/s'}")
+    print(f"{r['model']} on {r['nodes']} processes, r = {r['ratio']:.3f}, codec {r['codec']}, link {link_text(r)}")
     print(f"latency median {r['latency_ms_median']:.2f} ms, throughput {r['throughput_per_s']:.1f}/s")
     print(f"bytes sent {r['bytes_sent_total']} (cost model {r['bytes_predicted']}), input+output "
           f"{r['bytes_input_output']}")
@@ -98,27 +144,27 @@ def add_subcommands(sub: Any) -> None:
     from .node import add_run_options
 
     e = sub.add_parser("export", help="write one weight shard per node + a manifest from a DISCO checkpoint")
-    from ..commands import _shape, _shares
-
     e.add_argument("ckpt", help="sparsified DISCO checkpoint (.safetensors), or a model name as in `disco cost` "
                    "(random init, magnitude links at --ratio: for latency, not accuracy)")
-    e.add_argument("--nodes", type=int, help="model name: N (default 2)")
-    e.add_argument("--shares", type=_shares, help="model name: node shares, e.g. 2,1 (default equal)")
-    e.add_argument("--ratio", type=float, help="model name: target r (default 1 = dense)")
+    e.add_argument("--nodes", type=nodes_arg, help="model name: N >= 2 (default 2, or the number of --shares)")
+    e.add_argument("--shares", type=shares_arg, help="model name: node shares, e.g. 2,1 (default equal)")
+    e.add_argument("--ratio", type=ratio_arg, help="model name: target r in [0, 1] (default 1 = dense)")
     e.add_argument("--budget", default="global", choices=("global", "layer"))
-    e.add_argument("--input-shape", type=_shape, help="model name: e.g. 1,3,224,224")
+    e.add_argument("--input-shape", type=shape_arg, help="model name: e.g. 1,3,224,224 (default: the model's own)")
     e.add_argument("--weights", help="model name: local state-dict file")
-    e.add_argument("--out", required=True, help="export directory")
-    e.add_argument("--codec", default="fp32", help="default wire codec recorded in the manifest")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--out", required=True,
+                   help="export folder (created): nodeJ.safetensors per node, manifest.json, reference.safetensors")
+    e.add_argument("--codec", type=codec_arg, default="fp32",
+                   help="default wire codec recorded in the manifest: fp32, fp16, bf16, int8")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=cmd_export)
 
     r = sub.add_parser("run", help="run an export as N local processes over torch.distributed and report")
     r.add_argument("dir", help="export directory")
-    r.add_argument("--nodes", type=int, required=True)
+    r.add_argument("--nodes", type=nodes_arg, required=True, help="N: the export's node count")
     add_run_options(r)
-    r.add_argument("--run-timeout", type=float, default=3600.0, help="seconds for the whole run")
-    r.add_argument("--max-rel-err", type=float,
+    r.add_argument("--run-timeout", type=positive_float, default=3600.0, help="seconds for the whole run")
+    r.add_argument("--max-rel-err", type=positive_float,
                    help="exit 3 when the output differs from the single-process model by more (relative); "
                         "default 1e-4 with the lossless fp32 codec, unchecked with a lossy codec unless given")
     r.add_argument("--json", action="store_true", help="print one JSON object")

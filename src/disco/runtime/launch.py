@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +137,24 @@ def _stop(procs: dict[int, subprocess.Popen], polite: bool) -> dict[int, str]:
     return live
 
 
+def _report_progress(f: Path, progress: Callable[[int, int], None]) -> None:
+    try:
+        done, total = (int(v) for v in f.read_text().split())
+    except (OSError, ValueError):  # being replaced
+        return
+    progress(done, total)
+
+
 def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None, port: int | None = None,
-           timeout: float = 600.0, grace: float | None = None, ranks: list[int] | None = None) -> dict[str, Any]:
+           timeout: float = 600.0, grace: float | None = None, ranks: list[int] | None = None,
+           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run the node program for ``nodes`` ranks (all, or only ``ranks``) and return the leader's report.
 
     When a node exits non-zero the others get ``grace`` seconds (default 2 s: they learn of it through
     the store within a heartbeat) to exit by themselves; any still running then (a stopped one) is
     ended, so none is left behind. SIGTERM or SIGINT end the nodes and raise :class:`Interrupted`.
-    Raises :class:`LaunchError` naming the first failing node's reason.
+    Raises :class:`LaunchError` naming the first failing node's reason. ``progress(done, total)`` is
+    called while the leader runs a test split (``data``).
     """
     o = run_options(opts)
     o.check()
@@ -154,6 +165,7 @@ def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None
                **{TOKEN_ENV: secrets.token_hex(16), PARENT_ENV: str(os.getpid())})
     with tempfile.TemporaryDirectory(prefix="disco-run-") as tmp, _Signals():
         result = Path(tmp) / "result.json"
+        prog_file = Path(tmp) / "progress"
         procs: dict[int, subprocess.Popen] = {}
         errs: dict[int, Any] = {}
         order: list[int] = []
@@ -164,7 +176,8 @@ def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None
                 errs[r] = open(Path(tmp) / f"err{r}.txt", "w+")  # noqa: SIM115
                 cmd = node_command(d, r, nodes, port, o, result if r == 0 else None)
                 # own session: a terminal's Ctrl-C reaches the launcher only, which ends the nodes itself
-                procs[r] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errs[r], env=env,
+                renv = dict(env, DISCO_PROGRESS=str(prog_file)) if r == 0 and progress is not None else env
+                procs[r] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errs[r], env=renv,
                                             start_new_session=True)
             deadline = time.monotonic() + timeout
             first_fail: float | None = None
@@ -179,6 +192,8 @@ def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None
                 if now > deadline or (first_fail is not None and now - first_fail > grace):
                     log.info("ending nodes still running after %s", "a failure" if first_fail else "the timeout")
                     break
+                if progress is not None and prog_file.is_file():
+                    _report_progress(prog_file, progress)
                 time.sleep(0.05)
         except KeyboardInterrupt:
             interrupted = True

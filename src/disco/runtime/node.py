@@ -390,6 +390,30 @@ def _agree(store: DeadlineStore, ident: Identity, status: dict[str, Any], timeou
 
 # ---- main ---------------------------------------------------------------------------------
 
+PROGRESS_ENV = "DISCO_PROGRESS"  # the launcher's progress file: the leader writes "done total" into it
+
+
+class _Progress:
+    """Writes "done total" to the launcher's progress file at most every 0.2 s (nothing without one)."""
+
+    def __init__(self, path: str | None, total: int) -> None:
+        self.path, self.total, self.done, self.last = path, total, 0, 0.0
+        self._write()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.done == self.total or time.monotonic() - self.last > 0.2:
+            self._write()
+
+    def _write(self) -> None:
+        if self.path:
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(f"{self.done} {self.total}")
+            os.replace(tmp, self.path)
+            self.last = time.monotonic()
+
+
 def _run_data(opts: RunOptions, man: dict[str, Any], ex: Any, store: DeadlineStore, rank: int) -> dict[str, Any] | None:
     """Run the task's test split through the split model (the leader feeds it; the others follow)."""
     if rank != 0:
@@ -405,9 +429,11 @@ def _run_data(opts: RunOptions, man: dict[str, Any], ex: Any, store: DeadlineSto
     batches = [(xb[i:i + b], yb[i:i + b]) for xb, yb in test for i in range(0, len(yb) - b + 1, b)]
     store.set("data/n", str(len(batches)))
     outs, targets = [], []
+    progress = _Progress(os.environ.get(PROGRESS_ENV), len(batches))
     for xb, yb in batches:
         outs.append(ex.run([xb.contiguous()]))
         targets.append(yb)
+        progress.step()
 
     class _Replay(torch.nn.Module):  # feeds the recorded distributed outputs to the task's metric
         def __init__(self) -> None:

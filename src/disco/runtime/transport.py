@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -105,29 +104,18 @@ def get_codec(name: str) -> Codec:
 
 # ---- link model -------------------------------------------------------------------------------
 
-_BW = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*$", re.I)
-_LAT = re.compile(r"^\s*([0-9.]+)\s*(us|ms|s)?\s*$", re.I)
-
-
 def parse_bandwidth(s: str | None) -> float | None:
-    """'100mbit' -> 1e8 bits/s; None, '', 'inf' or '0' -> None (unshaped)."""
-    if s is None or str(s).lower() in ("", "inf", "none", "0"):
-        return None
-    m = _BW.match(str(s))
-    if not m:
-        raise ValueError(f"cannot parse bandwidth {s!r}; write e.g. 10mbit, 100mbit, 1gbit")
-    mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
-    return float(m.group(1)) * mult
+    """'100mbit' -> 1e8 bits/s; None -> None (unshaped). The rules live in :mod:`disco.validate`."""
+    from ..validate import parse_bandwidth as parse
+
+    return parse(s)
 
 
 def parse_latency(s: str | None) -> float:
-    """'2ms' -> 0.002 seconds."""
-    if s is None or s == "":
-        return 0.0
-    m = _LAT.match(str(s))
-    if not m:
-        raise ValueError(f"cannot parse latency {s!r}; write e.g. 2ms, 500us")
-    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1e-3}[m.group(2) and m.group(2).lower()]
+    """'2ms' -> 0.002 seconds (a unit is required). The rules live in :mod:`disco.validate`."""
+    from ..validate import parse_latency as parse
+
+    return parse(s)
 
 
 @dataclass

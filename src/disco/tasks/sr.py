@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,6 +92,12 @@ class SuperResolution:
     ) -> tuple[Any, Any]:
         """Training patches and the evaluation sets; ``limit`` caps the images of every folder."""
         train_dir, eval_dirs = sr_folders(data)
+        root = Path(data)
+        if not eval_dirs and (root.name.lower() in ("set5", "set14", "bsd100") or (root / "HR").is_dir()):
+            from ..validate import InputError
+
+            raise InputError(f"--data {data} is one evaluation set; pass the folder that holds it "
+                             f"({root.parent}: set5/, set14/, bsd100/ and t91/ or train/)")
         if not eval_dirs:
             log.warning("%s holds none of %s: evaluation will be empty", data, ", ".join(("set5", "set14", "bsd100")))
         return (SRTrainLoader(train_dir, self.scale, self.patch, batch_size, limit=limit, seed=seed),
