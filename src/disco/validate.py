@@ -133,27 +133,6 @@ def check_codec(name: str) -> str:
     return name
 
 
-def check_node_count(nodes: int) -> int:
-    """N for a run of the node program: >= 1 (a one-node run measures the runtime's own overhead)."""
-    return check_nodes(nodes, minimum=1, what="nodes")
-
-
-def check_run_options(opts: Sequence[str]) -> None:
-    """Check the values of a node program's option list (``--codec X --bandwidth Y ...``) before any start."""
-    checks: dict[str, Callable[[str], Any]] = {
-        "--codec": check_codec, "--bandwidth": parse_bandwidth, "--latency": parse_latency,
-        "--limit": _positive_int, "--iters": _positive_int, "--warmup": _nonnegative_int,
-        "--stream": _nonnegative_int, "--timeout": _positive_float, "--startup-timeout": _positive_float,
-        "--threads": _positive_int,
-    }
-    for i, o in enumerate(opts):
-        if o in checks and i + 1 < len(opts):
-            try:
-                checks[o](opts[i + 1])
-            except InputError as e:
-                raise InputError(f"{o}: {e}") from None
-
-
 # ---- input shapes -----------------------------------------------------------------------------
 
 def parse_shape(s: str | Sequence[int]) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import resource
 import signal
 import socket
@@ -215,8 +216,10 @@ def _load_input(path: str | None, man: dict[str, Any], d: Path) -> tuple[torch.T
     except RefusedError:
         raise
     except Exception as e:  # missing, damaged or not a tensor file
+        why = ("not a tensor file (.safetensors with 'input', .pt of a tensor, .npy)"
+               if isinstance(e, pickle.UnpicklingError) else str(e).splitlines()[0] if str(e) else "")
         raise RefusedError(f"cannot read input {path or d / 'reference.safetensors'}: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                           f"{type(e).__name__}: {why}") from e
     check_input(x, man)
     return x, ref
 
