@@ -105,7 +105,7 @@ def parse_bandwidth(s: str | None) -> float | None:
             raise InputError(f"bandwidth must be positive, got {s!r}")
         hint = (" (a byte unit or no unit is ambiguous: write bits, e.g. 100mbit)"
                 if re.match(r"^[0-9.]+\s*[kmgt]?(b|byte|bytes|b/s)?$", text, re.I) else "")
-        raise InputError(f"cannot read bandwidth {s!r}{hint}; write e.g. 10mbit, 100mbit, 1gbit")
+        raise InputError(f"cannot parse bandwidth {s!r}{hint}; write e.g. 10mbit, 100mbit, 1gbit")
     bps = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
     if bps <= 0:
         raise InputError(f"bandwidth must be > 0, got {s!r} (leave --bandwidth out for an unshaped link)")
@@ -122,7 +122,7 @@ def parse_latency(s: str | None) -> float:
         if text.startswith("-"):
             raise InputError(f"latency must be >= 0, got {s!r}")
         hint = " (a bare number has no unit)" if re.match(r"^[0-9.]+$", text) else ""
-        raise InputError(f"cannot read latency {s!r}{hint}; write e.g. 2ms, 500us, 0.01s")
+        raise InputError(f"cannot parse latency {s!r}{hint}; write e.g. 2ms, 500us, 0.01s")
     return float(m.group(1)) * {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2).lower()]
 
 
