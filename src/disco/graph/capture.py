@@ -9,7 +9,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .errors import UnsupportedOpError
-from .registry import decomposition, module_rule
+from .registry import decomposition, module_rule, uncovered_base
 
 
 class DiscoTracer(fx.Tracer):
@@ -17,7 +17,9 @@ class DiscoTracer(fx.Tracer):
     replaces modules with a registered decomposition (attention) by their decomposed calls."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return module_rule(type(m)) is not None or super().is_leaf_module(m, qualname)
+        # a subclass that redefines a registered type's forward stays a leaf, so that it is refused by name
+        t = type(m)
+        return module_rule(t) is not None or uncovered_base(t) is not None or super().is_leaf_module(m, qualname)
 
     def call_module(self, m: nn.Module, forward, args, kwargs):  # noqa: ANN001,ANN201
         fn = decomposition(type(m))

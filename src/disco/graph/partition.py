@@ -21,7 +21,7 @@ from torch import fx, nn
 
 from .capture import capture, shape_of
 from .errors import UnsupportedOpError, describe, unsupported
-from .registry import rule_for
+from .registry import rule_for, uncovered_base
 from .rules import Mixing, Rule, WeightView, tensor_args
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class Builder:
         self.cdim: dict[fx.Node, int] = {}
         self.sources: dict[fx.Node, list[tuple[fx.Node, np.ndarray]]] = {}
         self.rule_of: dict[fx.Node, Rule] = {}  # a rule may hand a node to another rule (cat over tokens)
+        self.csplit: dict[fx.Node, tuple[int, ...]] = {}  # channels spread over dims cdim.. with these sizes
+        self.gathers: dict[fx.Node, tuple[fx.Node, np.ndarray]] = {}  # channel selections/permutations
+        self.parts: dict[fx.Node, list[tuple[fx.Node, np.ndarray | None]]] = {}  # pieces of chunk/split
 
     # queries
     def shape(self, node: fx.Node) -> tuple[int, ...] | None:
@@ -76,6 +79,10 @@ class Builder:
         return a is not None and bool((a == REPLICATED).all())
 
     # updates
+    def replicated_atoms(self, n: int) -> np.ndarray:
+        """Atoms of ``n`` channels that every node holds."""
+        return np.full(n, REPLICATED, dtype=np.int64)
+
     def new_atoms(self, n: int) -> np.ndarray:
         a = self.uf.grow(n)
         self.blocks.append(a)
@@ -90,6 +97,19 @@ class Builder:
     def set_view(self, node: fx.Node, segments: list[tuple[fx.Node, np.ndarray]], cdim: int) -> None:
         self.sources[node] = segments
         self.set(node, np.concatenate([self.atoms[a][idx] for a, idx in segments]), cdim)
+
+    def set_gather(self, node: fx.Node, src: fx.Node, idx: np.ndarray, cdim: int,
+                   split: tuple[int, ...] | None = None) -> None:
+        """``node``'s channels are channels ``idx`` of ``src`` (a selection or permutation, no compute): a
+        node runs it as an index selection on its local channels. ``split``: the sizes of the dims its
+        channels span when they span several (a channel shuffle's intermediate view)."""
+        from .rules import GATHER
+
+        self.set_view(node, [(src, np.asarray(idx, dtype=np.int64))], cdim)
+        self.gathers[node] = (src, np.asarray(idx, dtype=np.int64))
+        if split is not None and len(split) > 1:
+            self.csplit[node] = tuple(split)
+        self.use_rule(node, GATHER)
 
     def use_rule(self, node: fx.Node, rule: Rule) -> None:
         """Record that ``node`` behaves by ``rule`` (its kind decides how it runs and is costed)."""
@@ -220,6 +240,7 @@ class Partition:
     link_tensors: list[str]
     rules: dict[str, Rule] = field(repr=False)
     param_nodes: frozenset[str] = frozenset()  # get_attr nodes that are mixing weights (held by the layer)
+    gathers: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)  # node -> (source, channel index)
     shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
 
     @property
@@ -303,10 +324,20 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
         if rule is None and shp is None and not tensor_args(node, b):
             b.set_static(node)  # arithmetic on sizes and flags: computed on every node
             continue
+        if rule is None and node.op == "call_module":
+            base = uncovered_base(type(gm.get_submodule(node.target)))
+            if base is not None:
+                raise UnsupportedOpError(
+                    f"{describe(node, gm)} is a subclass of {base.__name__} that redefines its forward, which the "
+                    f"rule for {base.__name__} does not describe; register a rule for it")
         if rule is None:
             raise UnsupportedOpError(
                 f"no op rule for {describe(node, gm)}; add one with disco.graph.registry.register_*_rule"
             )
+        split = [a.name for a in tensor_args(node, b) if a in b.csplit]
+        if split and not rule.reads_split_channels:
+            b.unsupported(node, f"reads {split[0]}, whose channels span several dims (a channel permutation "
+                                "must end in a view that merges them back)")
         if isinstance(rule, Mixing):
             module = rule.weight_view(node, gm)
         else:
@@ -346,11 +377,16 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
             base_names.append(node.name)
             base[node.name] = (np.full(len(atoms), len(base_names) - 1), np.arange(len(atoms)))
 
+    out_node = next(nd for nd in gm.graph.nodes if nd.op == "output")
+    for a in out_node.all_input_nodes:
+        if a in b.csplit:
+            b.unsupported(a, "is an output whose channels span several dims")
     layers, links, link_tensors = _find_links(gm, b, rules, owner, base, base_names, nodes)
     part = Partition(
         nodes=nodes, gm=gm, input_shape=tuple(example.shape), owner=owner,
         cdim={n.name: c for n, c in b.cdim.items()}, base=base, base_names=base_names, layers=layers,
         links=links, link_tensors=link_tensors, rules=rules, param_nodes=frozenset(param_nodes), shares=shares,
+        gathers={n.name: (src.name, idx) for n, (src, idx) in b.gathers.items()},
     )
     log.info("partitioned %s over %d nodes: %d mixing layers, %d links", type(model).__name__, nodes,
              len(layers), len(links))

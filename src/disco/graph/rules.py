@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from .errors import unsupported
-from .registry import (  # noqa: F401  (module_rule, rule_for: re-exported for older imports)
+from .registry import (  # noqa: F401  (rule_for: re-exported for older imports)
     module_rule,
     register_function_rule,
     register_method_rule,
@@ -58,6 +58,8 @@ class Rule:
 
     kind: ClassVar[str] = "local"
     allocates: ClassVar[bool] = True  # does the op allocate its output (views may not)
+    forward_names: ClassVar[tuple[str, ...]] = ("forward",)  # a subclass redefining one is not covered
+    reads_split_channels: ClassVar[bool] = False  # may its input have channels over several dims (shuffle)
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         raise NotImplementedError
@@ -125,6 +127,10 @@ class Elementwise(Rule):
                 if not b.replicated(other):
                     b.unsupported(node, "broadcasts a node-owned tensor over the channels of another")
                 continue
+            if other.op == "get_attr" and b.cdim[other] != d and shp[d] == len(b.atoms[main]):
+                # a parameter with one entry per channel of ``main`` (ConvNeXt's layer scale, C x 1 x 1):
+                # every node holds it and reads the entries of its own channels
+                b.set(other, b.replicated_atoms(shp[d]), d)
             b.couple(node, main, other)
         b.set(node, b.atoms[main], cdim)
 
@@ -135,9 +141,27 @@ class View(Rule):
     kind = "view"
     allocates = False
 
+    reads_split_channels = True
+
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
+        if x in b.csplit:
+            b.set_gather(node, x, np.arange(len(b.atoms[x])), b.cdim[x], b.csplit[x])
+            return
         b.set_view(node, [(x, np.arange(len(b.atoms[x])))], b.cdim[x])
+
+
+class Gather(Rule):
+    """A selection or permutation of channels with no compute (channel shuffle, chunk, ``x[:, a:b]``): a
+    node runs it as an index selection on its own channels (see ``Builder.set_gather``)."""
+
+    kind = "view"
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        raise NotImplementedError("set by other rules through Builder.set_gather")
+
+
+GATHER = Gather()
 
 
 class Cat(Rule):
@@ -175,14 +199,27 @@ class Flatten(Rule):
     kind = "view"
     allocates = False
 
+    reads_split_channels = True
+
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         s, t, c = b.shape(x), b.shape(node), b.cdim[x]
+        n_ch = len(b.atoms[x])
+        if x in b.csplit:  # channels over dims c..c+k-1: only merging exactly those back is supported
+            k = len(b.csplit[x])
+            if t != s[:c] + (n_ch,) + s[c + k:]:
+                b.unsupported(node, f"reshapes {s} -> {t}, whose channels span dims {c}..{c + k - 1}; only "
+                                    "merging those dims back into one is supported")
+            b.set_gather(node, x, np.arange(n_ch), c)
+            return
+        k = len(t) - len(s) + 1
+        if k > 1 and t[:c] == s[:c] and t[c + k:] == s[c + 1:] and math.prod(t[c:c + k]) == s[c]:
+            b.set_gather(node, x, np.arange(n_ch), c, tuple(t[c:c + k]))  # the channel dim split in k dims
+            return
         span = _merged_span(s, t)
         if span is None:
             b.unsupported(node, f"reshapes {s} -> {t}, which is not a flatten of consecutive dims")
         lo, hi = span
-        n_ch = len(b.atoms[x])
         if c < lo:
             b.set_view(node, [(x, np.arange(n_ch))], c)
         elif c > hi:
@@ -243,16 +280,28 @@ class PixelUnshuffleRule(Rule):
 class Transpose(Rule):
     """transpose / permute: the data moves, the channels do not change owner."""
 
+    reads_split_channels = True
+
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         rank, c = len(b.shape(x)), b.cdim[x]
-        if node.target == "permute":
-            perm = node.args[1:] if not isinstance(node.args[1], (tuple, list)) else node.args[1]
-            new = [int(p) % rank for p in perm].index(c)
+        if node.target in ("permute", torch.permute):
+            p = node.args[1:] if not isinstance(node.args[1], (tuple, list)) else node.args[1]
+            perm = [int(d) % rank for d in p]
         else:
             d0, d1 = (int(d) % rank for d in node.args[1:3])
-            new = d1 if c == d0 else d0 if c == d1 else c
-        b.set(node, b.atoms[x], new)
+            perm = list(range(rank))
+            perm[d0], perm[d1] = d1, d0
+        if x in b.csplit:  # a permutation of the channels: the dims they span are reordered among themselves
+            sizes = b.csplit[x]
+            span = list(range(c, c + len(sizes)))
+            if any((d in span) != (perm[d] in span) or (d not in span and perm[d] != d) for d in range(rank)):
+                b.unsupported(node, "moves a dim of a channel group to or from another dim")
+            axes = [perm[d] - c for d in span]
+            idx = np.arange(len(b.atoms[x])).reshape(sizes).transpose(axes).reshape(-1)
+            b.set_gather(node, x, idx, c, tuple(sizes[a] for a in axes))
+            return
+        b.set(node, b.atoms[x], perm.index(c))
 
     def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
         return 0.0
@@ -264,6 +313,13 @@ class GetItem(Rule):
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = node.args[0]
+        if isinstance(x, fx.Node) and x in b.parts:  # a piece of a chunk / split
+            src, sel = b.parts[x][node.args[1]]
+            if sel is None:  # split along another dim: the piece holds every channel
+                b.set(node, b.atoms[src], b.cdim[src])
+            else:
+                b.set_gather(node, src, sel, b.cdim[src])
+            return
         if not isinstance(x, fx.Node) or b.atoms.get(x) is None:
             Static().infer(b, node, module)
             return
@@ -272,7 +328,10 @@ class GetItem(Rule):
             b.unsupported(node, "indexes a feature tensor with ..., None or a tensor")
         c = b.cdim[x]
         if c < len(idx) and idx[c] != slice(None):
-            b.unsupported(node, "selects part of the channel dim")
+            if not isinstance(idx[c], slice) or any(i != slice(None) for k, i in enumerate(idx) if k != c):
+                b.unsupported(node, "selects part of the channel dim together with other dims, or by an integer")
+            b.set_gather(node, x, np.arange(len(b.atoms[x]))[idx[c]], c)
+            return
         b.set(node, b.atoms[x], c - sum(isinstance(i, int) for i in idx[:c]))
 
     def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
@@ -289,9 +348,16 @@ class Reduce(Local):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         shape = getattr(module, "normalized_shape", None)
-        if shape is not None and (len(shape) != 1 or b.cdim[x] != len(b.shape(x)) - 1):
-            b.unsupported(node, "normalises over more than the channel dim")
+        if shape is not None and len(shape) != 1:
+            b.unsupported(node, f"normalises over the last {len(shape)} dims, more than the channel dim")
+        if shape is not None and b.cdim[x] != self.norm_dim(b.shape(x)):
+            b.unsupported(node, f"normalises dim {self.norm_dim(b.shape(x))} of {b.shape(x)}, which is not "
+                                f"the channel dim ({b.cdim[x]})")
         super().infer(b, node, module)
+
+    def norm_dim(self, shape: tuple[int, ...]) -> int:
+        """The dim the op normalises over: the last one (``nn.LayerNorm``)."""
+        return len(shape) - 1
 
     def partial(self, x: Tensor, cdim: int) -> Tensor:
         """This node's per-position statistics over its own channels, ``stats`` of them on a new last dim."""
@@ -311,11 +377,21 @@ class Reduce(Local):
         g_mean = (parts[..., 0] * n).sum(0) / total
         g_m2 = (parts[..., 1] + n * (parts[..., 0] - g_mean).pow(2)).sum(0)
         y = (x - g_mean.unsqueeze(cdim)) / torch.sqrt(g_m2.unsqueeze(cdim) / total + module.eps)
+        shape = [1] * y.dim()
+        shape[cdim] = -1
         if getattr(module, "weight", None) is not None:
-            y = y * module.weight
+            y = y * module.weight.view(shape)
         if getattr(module, "bias", None) is not None:
-            y = y + module.bias
+            y = y + module.bias.view(shape)
         return y
+
+
+class ChannelsFirstLayerNorm(Reduce):
+    """LayerNorm over dim 1 of an NCHW tensor (torchvision's and timm's ``LayerNorm2d``: permute, layer_norm
+    over the last dim, permute back): the same exact reduction over the channel dim."""
+
+    def norm_dim(self, shape: tuple[int, ...]) -> int:
+        return 1
 
 
 class L2NormRule(Reduce):
@@ -346,6 +422,85 @@ class L2NormRule(Reduce):
             shape[cdim] = -1
             y = y * w.view(shape)
         return y
+
+
+class ChunkRule(Rule):
+    """``torch.chunk`` / ``torch.split`` (and the methods): along the channel dim each piece is a selection
+    of channels (a gather, and the op itself is not run on the nodes); along another dim the op runs on
+    each node's channels and every piece holds all of them."""
+
+    kind = "split"
+    allocates = False
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        shape, c = b.shape(x), b.cdim[x]
+        fn = node.target if isinstance(node.target, str) else node.target.__name__
+        size = arg(node, 1, "chunks" if fn == "chunk" else "split_size_or_sections", None)
+        if size is None:
+            size = arg(node, 1, "split_size", None)
+        dim = arg(node, 2, "dim", 0) % len(shape)
+        if isinstance(size, fx.Node):
+            b.unsupported(node, "splits by a size computed in the graph")
+        n = shape[dim]
+        if fn == "chunk":
+            step = -(-n // int(size))
+            sizes = [min(step, n - k) for k in range(0, n, step)]
+        elif isinstance(size, int):
+            sizes = [min(size, n - k) for k in range(0, n, size)]
+        else:
+            sizes = [int(v) for v in size]
+        if dim != c:
+            b.parts[node] = [(x, None)] * len(sizes)
+            b.use_rule(node, _SPLIT_OTHER_DIM)
+        else:
+            bounds = np.cumsum([0, *sizes])
+            b.parts[node] = [(x, np.arange(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        b.set_static(node)
+
+
+_SPLIT_OTHER_DIM = Local(flops=0)  # chunk/split along a non-channel dim: runs on each node's channels
+
+
+class PadRule(Local):
+    """Padding of the trailing (spatial) dims (``F.pad``, ``nn.ZeroPad2d``, ``nn.ConstantPad2d``,
+    reflection and replication padding): channel-local unless it pads the channel dim."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        x = tensor_args(node, b)[0]
+        pad = module.padding if module is not None else arg(node, 1, "pad", ())
+        if isinstance(pad, fx.Node):
+            b.unsupported(node, "pads by amounts computed in the graph")
+        n = len(pad) // 2 if isinstance(pad, (tuple, list)) else 1
+        if b.cdim[x] >= len(b.shape(x)) - n:
+            b.unsupported(node, "pads the channel dim")
+        super().infer(b, node, module)
+
+    def flops_per_element(self, in_shape: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> float:
+        return 0.0
+
+
+class InferenceIdentity(View):
+    """Ops that are the identity at inference (stochastic depth, drop path): a view. The function form
+    must have been traced with ``training=False``."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        if module is None and arg(node, 3, "training", True) is not False:
+            b.unsupported(node, "was traced in training mode (random at every call); partition the model in "
+                                "eval mode")
+        super().infer(b, node, module)
+
+
+class LocalWithChildren(Local):
+    """A module whose forward is a channel-local op followed by its child modules (timm's BatchNormAct2d:
+    batch norm, then ``drop`` and ``act``): channel-local when every child has a local or view rule."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        for name, child in module.named_children():
+            rule = module_rule(type(child))
+            if rule is None or rule.kind not in ("local", "view") or isinstance(rule, Mixing):
+                b.unsupported(node, f"has a child '{name}' ({type(child).__name__}) that is not a channel-local op")
+        super().infer(b, node, module)
 
 
 class WeightView:
@@ -438,6 +593,7 @@ class Mixing(Rule):
 
 
 class ConvRule(Mixing):
+    forward_names = ("forward", "_conv_forward")
     def structure(self, m: nn.Module) -> tuple[int, int, int]:
         return m.out_channels, m.in_channels, m.groups
 
@@ -455,6 +611,11 @@ class ConvRule(Mixing):
         o, i, g = self.structure(m)
         cols = mat if g == 1 else mat.gather(1, self._group_cols(o, i, g).to(mat.device))
         return cols.reshape(o, i // g, *([1] * len(m.kernel_size))).expand_as(m.weight)
+
+
+class ConvSameRule(ConvRule):
+    """A convolution whose padding is computed in its forward from the input size, TensorFlow's "same"
+    padding (timm's ``Conv2dSame``): the kernel pads each node's input the same way, then convolves."""
 
 
 class ConvTransposeRule(ConvRule):
@@ -529,7 +690,7 @@ class FunctionalLinearRule(LinearRule):
 
 register_module_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)(ConvRule())
 register_module_rule(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)(ConvTransposeRule())
-register_module_rule(nn.Linear)(LinearRule())
+register_module_rule(nn.Linear, "timm.layers.linear.Linear")(LinearRule())
 register_function_rule(F.linear)(FunctionalLinearRule())
 register_module_rule(nn.modules.batchnorm._BatchNorm)(Local(flops=2))
 register_module_rule(
@@ -542,7 +703,26 @@ register_module_rule(
 )(Local())
 register_module_rule(nn.PixelShuffle)(PixelShuffleRule())
 register_module_rule(nn.PixelUnshuffle)(PixelUnshuffleRule())
-register_module_rule(nn.Identity, nn.Dropout, nn.Dropout2d)(View())
+register_module_rule(nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                     nn.FeatureAlphaDropout)(View())
+register_module_rule("torchvision.ops.stochastic_depth.StochasticDepth", "timm.layers.drop.DropPath",
+                     "timm.layers.drop.DropBlock2d")(InferenceIdentity())
+register_function_rule("torchvision.ops.stochastic_depth.stochastic_depth",
+                       "timm.layers.drop.drop_path")(InferenceIdentity())
+register_module_rule("timm.layers.conv2d_same.Conv2dSame")(ConvSameRule())
+register_module_rule("timm.layers.norm_act.BatchNormAct2d")(LocalWithChildren(flops=3))
+register_module_rule("timm.layers.pool2d_same.MaxPool2dSame", "timm.layers.pool2d_same.AvgPool2dSame")(Local())
+register_module_rule("torchvision.models.convnext.LayerNorm2d", "timm.layers.norm.LayerNorm2d")(
+    ChannelsFirstLayerNorm(flops=5))
+register_module_rule(
+    nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d,
+    nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d, nn.ReplicationPad1d, nn.ReplicationPad2d,
+    nn.ReplicationPad3d, nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d,
+)(PadRule())
+register_function_rule(F.pad)(PadRule())
+register_function_rule(torch.chunk, torch.split)(ChunkRule())
+register_method_rule("chunk", "split")(ChunkRule())
+register_module_rule(nn.SyncBatchNorm)(Local(flops=2))
 register_module_rule(nn.Flatten)(Flatten())
 
 register_function_rule(
@@ -562,9 +742,9 @@ register_function_rule(torch.flatten, torch.reshape)(Flatten())
 register_function_rule(F.dropout, F.dropout2d)(View())
 register_function_rule(getattr, torch._assert, fx._symbolic_trace._assert_is_none)(Static())
 register_function_rule(operator.getitem)(GetItem())
-register_module_rule(nn.LayerNorm)(Reduce(flops=5))
+register_module_rule(nn.LayerNorm, "timm.layers.norm.LayerNorm")(Reduce(flops=5))
 register_function_rule(F.normalize)(L2NormRule(flops=3))
-register_function_rule(torch.transpose)(Transpose())
+register_function_rule(torch.transpose, torch.permute)(Transpose())
 register_method_rule("transpose", "permute")(Transpose())
 register_method_rule("expand")(Local(flops=0))
 

@@ -29,7 +29,9 @@ def build_model(name: str, weights: str | Path | None = None, **kwargs: Any) -> 
     ``weights`` is a local file (a ``state_dict`` saved with ``torch.save`` or a
     ``.safetensors`` file): there is no download.
     """
-    if name in _REGISTRY:
+    if name.startswith("timm/"):  # timm's model where torchvision has one of the same name (efficientnet_b0)
+        model = _timm_model(name.removeprefix("timm/"), kwargs)
+    elif name in _REGISTRY:
         model = _REGISTRY[name](**kwargs)
     else:
         import torchvision

@@ -52,7 +52,9 @@ class Executor:
                 name = stack.pop()
                 recv_last[name] = max(recv_last.get(name, 0), order[mp.node])
                 rule = plan.part.rules.get(name)
-                if rule is not None and rule.kind == "view":
+                if name in plan.gather_recv:
+                    stack.append(plan.gather_recv[name][0])
+                elif rule is not None and rule.kind == "view":
                     stack += [a.name for a in plan.by_name[name].all_input_nodes
                               if plan.part.owner.get(a.name) is not None]
         self.frees: dict[int, list[str]] = {}
@@ -96,6 +98,9 @@ class Executor:
             if len(parts) > 1:
                 t = t.index_select(ex.cdim, ex.recv_perm)
             val = t
+        elif name in plan.gather_recv:
+            src, pos = plan.gather_recv[name]
+            val = self._recv_view(src, renv, pending).index_select(plan.part.cdim[src], pos)
         elif rule is not None and rule.kind == "view":
             if isinstance(rule, Flatten):
                 src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
@@ -201,9 +206,14 @@ class Executor:
             elif name in plan.mix:
                 mp = plan.mix[name]
                 env[name] = self._mixing(mp, env[mp.input], renv, pending)
+            elif name in plan.gather_local:
+                src, pos = plan.gather_local[name]
+                env[name] = env[src].index_select(plan.part.cdim[src], pos)
             else:
                 rule = plan.part.rules.get(name)
-                if rule is not None and rule.kind == "reduce" and not (plan.part.owner[name] == REPLICATED).all():
+                if rule is not None and rule.kind == "split":  # its pieces are gathers from its input
+                    env[name] = None
+                elif rule is not None and rule.kind == "reduce" and not (plan.part.owner[name] == REPLICATED).all():
                     env[name] = self._reduce(nd, env[nd.all_input_nodes[0].name])
                 elif rule is not None and isinstance(rule, Flatten):
                     src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)

@@ -30,7 +30,7 @@ from torch import Tensor, fx, nn
 
 from ..graph import REPLICATED, Partition
 from ..graph.capture import shape_of
-from ..graph.rules import ConvRule, ConvTransposeRule, LinearRule, Mixing
+from ..graph.rules import ConvRule, ConvSameRule, ConvTransposeRule, LinearRule, Mixing
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,17 @@ class ConvKernel(MixingKernel):
             x = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
             padding = 0
         return fn(x, w, bias, m.stride, padding, m.dilation, groups)
+
+
+class ConvSameKernel(ConvKernel):
+    """TensorFlow "same" padding computed from the input size (timm's ``Conv2dSame``), then the convolution."""
+
+    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
+        pad: list[int] = []
+        for k, s, d, size in reversed(list(zip(m.kernel_size, m.stride, m.dilation, x.shape[2:], strict=True))):
+            p = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            pad += [p // 2, p - p // 2]
+        return super().apply(m, F.pad(x, pad), w, bias, groups)
 
 
 class ConvTransposeKernel(MixingKernel):
@@ -99,6 +110,7 @@ def register_kernel(*rule_types: type) -> Callable[[MixingKernel], MixingKernel]
 
 
 register_kernel(ConvRule)(ConvKernel())
+register_kernel(ConvSameRule)(ConvSameKernel())
 register_kernel(ConvTransposeRule)(ConvTransposeKernel())
 register_kernel(LinearRule)(LinearKernel())
 
@@ -199,6 +211,14 @@ class MixPlan:
         return f"{self.layer}.w{k}.local", f"{self.layer}.w{k}.recv"
 
 
+def _positions(have: np.ndarray, want: np.ndarray, name: str) -> Tensor:
+    """Positions of channels ``want`` in the sorted channel list ``have`` (all must be there)."""
+    pos = np.searchsorted(have, want)
+    if len(want) and (pos.max() >= len(have) or not np.array_equal(have[pos], want)):
+        raise NotImplementedError(f"node {name}: a channel selection reads channels this node does not hold")
+    return torch.as_tensor(pos, dtype=torch.long)
+
+
 def local_index(owner: np.ndarray, rank: int) -> np.ndarray:
     return np.nonzero((owner == rank) | (owner == REPLICATED))[0]
 
@@ -291,10 +311,18 @@ class NodePlan:
                                                                      out_loc):
                         raise NotImplementedError(f"node {nd.name}: operand {a.name} lacks channels of the output")
                     self.conform[(nd.name, a.name)] = torch.as_tensor(pos)
+        # channel selections and permutations: positions in the source's local and received channels
+        self.gather_local: dict[str, tuple[str, Tensor]] = {}
+        self.gather_recv: dict[str, tuple[str, Tensor]] = {}
+        for name, (src, idx) in part.gathers.items():
+            self.gather_local[name] = (src, _positions(self.local[src], idx[self.local[name]], name))
+            self.gather_recv[name] = (src, _positions(self.recv[src], idx[self.recv[name]], name))
         # last use of every value, to free memory early
         order = {nd.name: k for k, nd in enumerate(self.nodes)}
         self.last_use = {nd.name: max((order[u.name] for u in nd.users), default=order[nd.name])
                          for nd in self.nodes}
+        for name, (src, _) in part.gathers.items():  # a gather reads its source, maybe past a chunk node
+            self.last_use[src] = max(self.last_use[src], order[name])
         out_node = next(nd for nd in self.nodes if nd.op == "output")
         self.outputs = [a.name for a in out_node.all_input_nodes if part.owner.get(a.name) is not None]
         self.output_node = out_node
