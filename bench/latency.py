@@ -2,11 +2,13 @@
 
     .venv/bin/python bench/latency.py --quick                     # cifar_resnet8, N=2, a few settings
     .venv/bin/python bench/latency.py --budget-minutes 30         # the sweep of issue 3 (resumable)
-    .venv/bin/python bench/latency.py --report                    # README table + plot from the JSON only
+    .venv/bin/python bench/latency.py --report                    # README tables + plot from the JSON only
 
 Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
-skips the entries already there), results/latency.png (latency against bandwidth) and the
-table in bench/README.md, generated from the JSON.
+skips the entries already there); ``recipes/tables.py`` renders results/latency.png (latency against
+bandwidth) and the tables of bench/README.md, docs/latency.md and README.md from it. The sweep is this
+file; the network namespaces and tc are ``netns.py``, the latency model's calibration ``calibration.py``,
+the host's other jobs ``host.py``.
 
 Link model (the runtime's pacing implements the same one, see disco.runtime.transport):
 each node's interface is limited to the bandwidth, full duplex, all nodes behind one
@@ -30,20 +32,31 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from calibration import (
+    EXPORTS,
+    LOAD_S,
+    TCP_GOODPUT,
+    TRACES,
+    calibrate_overhead,
+    delays,
+    load_traces,
+    repredict,
+    save_traces,
+)
+from host import host_state, wait_idle
+from netns import launch_tc, netns_check, netns_cleanup
+
+from disco.runtime import latency as lat
+from disco.runtime.launch import LaunchError, launch
+from disco.runtime.transport import LinkModel
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from disco.runtime import latency as lat  # noqa: E402
-from disco.runtime.launch import LaunchError, free_port, launch  # noqa: E402
-from disco.runtime.transport import LinkModel  # noqa: E402
 
 RATIOS = [1.0, 0.2, 0.1, 0.05, 0.0]
 CODECS = ["fp32", "fp16"]
@@ -64,9 +77,6 @@ TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2, "deeplab
               "ssd300_vgg16_split": 2}
 STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0, "deeplabv3plus_resnet50": 30.0,
              "ssd300_vgg16_split": 30.0}
-LOAD_S = 0.002  # seconds of compute between messages in the loaded ping-pong calibration
-TCP_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame (MTU 1500, timestamps on)
-EXPORTS = Path(tempfile.gettempdir()) / "disco-bench-exports"
 NOTES = [
     "kept links: one-shot global magnitude selection on random-init weights (latency does not depend on the "
     "weight values); trained CIFAR checkpoints runs/cifar10/n{N}_r{r}.safetensors are used where they exist",
@@ -76,66 +86,6 @@ NOTES = [
     "process right before the runs; the per-message delay is fitted on a gloo ping-pong at the start",
     "'tc' entries: N=2, one network namespace per node, veth pair shaped by tbf on both ends, no pacing",
 ]
-TRACES: dict[str, list] = {}  # "model|N|r|codec" -> per-node programs (kept beside the exports)
-
-
-def delays(meta: dict[str, Any]) -> dict[str, lat.Delay]:
-    """Per shaping: the fitted per-message delay (``meta.delay_model``: ping-pong on idle cores, or
-    'loaded': both ends computing between messages, as the executor does); the paced one goes
-    through the pacing thread."""
-    suffix = "_loaded" if meta.get("delay_model", "loaded") == "loaded" else ""
-    d = meta.get("delay" + suffix, meta["delay"])
-    p = meta.get("delay" + suffix + "_paced", d)
-    d, p = lat.Delay(d["a_s"], d["b_s_per_byte"]), lat.Delay(p["a_s"], p["b_s_per_byte"])
-    return {"none": d, "tc": d, "pacing": p}
-
-
-def load_traces() -> None:
-    f = EXPORTS / "traces.json"
-    if f.is_file():
-        TRACES.update({k: [[tuple(s) for s in p] for p in v] for k, v in json.loads(f.read_text()).items()})
-
-
-def save_traces() -> None:
-    EXPORTS.mkdir(parents=True, exist_ok=True)
-    (EXPORTS / "traces.json").write_text(json.dumps(TRACES))
-
-
-def foreign_jobs() -> list[str]:
-    """Other CPU-heavy project jobs on this host (training, sparsification, recipes, tests)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            args = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if len(args) < 2 or "python" not in Path(args[0]).name:
-            continue
-        head = args[1:3]
-        if ("-m" in head and ("disco.cli" in head or "pytest" in head)) or args[1].endswith(("/bin/disco", "pytest")) \
-                or (args[1].startswith("recipes/") or "/recipes/" in args[1]):
-            found.append(f"{d.name}: {' '.join(args[:6])[:120]}")
-    return found
-
-
-def host_state() -> dict[str, Any]:
-    """Load average and other project jobs running beside the benchmark."""
-    return {"loadavg_1min": round(os.getloadavg()[0], 2), "other_jobs": len(foreign_jobs())}
-
-
-def wait_idle(deadline: float) -> None:
-    """Wait (until ``deadline``) while other project jobs use the CPU."""
-    said = False
-    while time.monotonic() < deadline:
-        jobs = foreign_jobs()
-        if not jobs:
-            return
-        if not said:
-            print(f"waiting for other jobs to finish: {jobs}", flush=True)
-            said = True
-        time.sleep(10)
 
 
 def mode_of(r: float | None, n: int) -> str:
@@ -280,93 +230,6 @@ class Prepared:
 
     def ratio(self, r: float) -> float | None:
         return None if self.n == 1 else round(float(self.part.ratio(self.kept_at(r))), 4)
-
-
-# ---- kernel shaping: network namespaces + tc ----------------------------------------------------
-
-NS = ["disco_bench0", "disco_bench1"]
-VETH = ["dbv0", "dbv1"]
-
-
-def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, check=check)
-
-
-def netns_cleanup() -> None:
-    for ns in NS:
-        _sh("ip", "netns", "del", ns, check=False)
-    _sh("ip", "link", "del", VETH[0], check=False)
-
-
-def netns_setup(bw_mbit: float) -> None:
-    netns_cleanup()
-    for ns in NS:
-        _sh("ip", "netns", "add", ns)
-    _sh("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
-    rate_bytes = bw_mbit * 1e6 / 8
-    burst = int(max(16 * 1024, rate_bytes / 1000))  # 1 ms of traffic, at least a few frames
-    for r in (0, 1):
-        ns, dev = NS[r], VETH[r]
-        _sh("ip", "link", "set", dev, "netns", ns)
-        _sh("ip", "-n", ns, "addr", "add", f"10.77.0.{r + 1}/24", "dev", dev)
-        _sh("ip", "-n", ns, "link", "set", dev, "up")
-        _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0", check=False)
-        _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{bw_mbit:g}mbit",
-            "burst", str(burst), "latency", "2s")
-
-
-def netns_check() -> str | None:
-    """None when namespaces and tc work here, else why not."""
-    if os.geteuid() != 0:
-        return "not root: network namespaces and tc need CAP_NET_ADMIN"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) is not installed"
-    try:
-        netns_setup(100)
-    except subprocess.CalledProcessError as e:
-        return f"{' '.join(e.cmd)} failed: {e.stderr.strip()}"
-    finally:
-        netns_cleanup()
-    return None
-
-
-def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float) -> dict[str, Any]:
-    """N=2, node r in namespace NS[r], the veth shaped by tbf; the leader's report."""
-    port = free_port()
-    procs = []
-    try:
-        netns_setup(bw_mbit)
-        with tempfile.TemporaryDirectory(prefix="disco-tc-") as tmp:
-            res = Path(tmp) / "result.json"
-            errs = []
-            for r in (0, 1):
-                cmd = ["ip", "netns", "exec", NS[r], "env", f"GLOO_SOCKET_IFNAME={VETH[r]}", "OMP_NUM_THREADS=1",
-                       sys.executable, "-m", "disco.runtime.node", str(d), "--rank", str(r), "--world-size", "2",
-                       "--master-addr", "10.77.0.1", "--master-port", str(port), *opts]
-                if r == 0:
-                    cmd += ["--result", str(res)]
-                errs.append(open(Path(tmp) / f"err{r}.txt", "w+"))  # noqa: SIM115
-                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errs[-1]))
-            deadline = time.monotonic() + timeout
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            codes = [p.poll() for p in procs]
-            if any(c != 0 for c in codes):
-                text = []
-                for e in errs:
-                    e.seek(0)
-                    text.append(e.read()[-600:])
-                raise LaunchError(f"tc run failed, exit codes {codes}: {' | '.join(text)}", codes, text)
-            for e in errs:
-                e.close()
-            return json.loads(res.read_text())
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        netns_cleanup()
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
@@ -660,268 +523,6 @@ class Sweep:
         self.predicted_only(jobs, delay)
 
 
-# ---- outputs ------------------------------------------------------------------------------------
-
-def _f(x: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
-def headlines(entries: list[dict[str, Any]], big: str = "resnet50") -> list[str]:
-    def get(**kw: Any) -> dict[str, Any] | None:
-        for e in entries:
-            if all(e.get(k) == v for k, v in kw.items()) and e.get("latency_ms_median") is not None:
-                return e
-        return None
-
-    out = []
-    for codec in CODECS:
-        d = get(model=big, mode="dense", nodes=2, codec=codec, bandwidth_mbit=100, shaping="pacing")
-        s = get(model=big, mode="disco", nodes=2, ratio_target=0.2, codec=codec, bandwidth_mbit=100,
-                shaping="pacing")
-        if d and s:
-            out.append(f"- {big}, N=2, 100 Mbit/s, {codec} on the wire: DISCO r=0.2 "
-                       f"{s['latency_ms_median']:.0f} ms vs dense {d['latency_ms_median']:.0f} ms: "
-                       f"**{d['latency_ms_median'] / s['latency_ms_median']:.2f}x faster** (model predicts "
-                       f"{d['predicted_ms'] / s['predicted_ms']:.2f}x)")
-    d32 = get(model=big, mode="dense", nodes=2, codec="fp32", bandwidth_mbit=100, shaping="pacing")
-    s16 = get(model=big, mode="disco", nodes=2, ratio_target=0.2, codec="fp16", bandwidth_mbit=100,
-              shaping="pacing")
-    if d32 and s16:
-        out.append(f"- {big}, N=2, 100 Mbit/s: DISCO r=0.2 with fp16 on the wire vs dense fp32: "
-                   f"**{d32['latency_ms_median'] / s16['latency_ms_median']:.2f}x faster**")
-    for n, r in ((2, 0.2), (4, 0.1)):
-        e = next((e for e in entries if e["model"] == big and e["nodes"] == n and e.get("ratio_target") == r
-                  and e.get("weight_fraction_max") is not None), None)
-        if e:
-            out.append(f"- {big} weights per node at N={n}, r={r}: at most **{e['weight_fraction_max']:.3f}x** "
-                       f"of the whole model ({max(e['weight_bytes_per_node']) / 1e6:.1f} MB of "
-                       f"{e['params_dense'] * 4 / 1e6 if e.get('params_dense') else float('nan'):.1f} MB)")
-    for model in sorted({e["model"] for e in entries}, key=lambda m: m != big):
-        one = get(model=model, mode="single", nodes=1)
-        rt = get(model=model, mode="dense", nodes=1)
-        if one and rt:
-            out.append(f"- {model}, unshaped, N=1: the runtime takes {rt['latency_ms_median']:.2f} ms vs plain "
-                       f"PyTorch {one['latency_ms_median']:.2f} ms: "
-                       f"**{(rt['latency_ms_median'] / one['latency_ms_median'] - 1) * 100:+.0f}%**")
-    gains = []
-    for model in TASK_MODELS:
-        for n in (2, 4):
-            d = get(model=model, mode="dense", nodes=n, codec="fp32", bandwidth_mbit=100, shaping="pacing")
-            for r in TASK_MODELS[model]["ratios"][1:]:
-                s = get(model=model, mode="disco", nodes=n, ratio_target=r, codec="fp32", bandwidth_mbit=100,
-                        shaping="pacing")
-                if d and s:
-                    gains.append((d["latency_ms_median"] / s["latency_ms_median"], model, n, r, d, s))
-    for g, model, n, r, d, s in sorted(gains, key=lambda t: (t[1], t[2], -t[3])):
-        out.append(f"- {model}, N={n}, 100 Mbit/s, fp32: DISCO r={r:g} {s['latency_ms_median']:.0f} ms vs dense "
-                   f"{d['latency_ms_median']:.0f} ms: **{g:.2f}x faster** (model predicts "
-                   f"{d['predicted_ms'] / s['predicted_ms']:.2f}x)")
-    by_task = {}
-    for g, model, n, r, _, _ in gains:
-        if r == 0.1 and n == 2:
-            by_task[model] = g
-    big_d = get(model=big, mode="dense", nodes=2, codec="fp32", bandwidth_mbit=100, shaping="pacing")
-    big_s = get(model=big, mode="disco", nodes=2, ratio_target=0.1, codec="fp32", bandwidth_mbit=100,
-                shaping="pacing")
-    if big_d and big_s:
-        by_task[big] = big_d["latency_ms_median"] / big_s["latency_ms_median"]
-    if len(by_task) > 1:
-        best = max(by_task, key=by_task.get)
-        listing = ", ".join(f"{m} {g:.2f}x" for m, g in sorted(by_task.items(), key=lambda t: -t[1]))
-        out.append(f"- largest gain over dense at N=2, r=0.1, 100 Mbit/s, fp32: **{best}** ({listing})")
-    for model in sorted({e["model"] for e in entries}):
-        one = get(model=model, mode="single", nodes=1)
-        if one is None or one.get("post_ms") is None:
-            continue
-        for n, r in ((2, 0.1), (4, 0.1)):
-            s = get(model=model, mode="disco", nodes=n, ratio_target=r, codec="fp32", bandwidth_mbit=100,
-                    shaping="pacing")
-            if s:
-                p, t = one["post_ms"], s["latency_ms_median"]
-                out.append(f"- {model}, leader's post-processing (box decoding + NMS, 1 thread, random weights): "
-                           f"{p:.1f} ms = **{100 * p / (t + p):.1f}%** of N={n} DISCO r={r:g} at 100 Mbit/s "
-                           f"({t:.0f} ms + {p:.1f} ms)")
-    ratios = [e["latency_ms_median"] / e["predicted_ms"] for e in entries
-              if e.get("latency_ms_median") and e.get("predicted_ms")]
-    if ratios:
-        bad = sum(1 for x in ratios if x > 1.25 or x < 1 / 1.25)
-        out.append(f"- measured / predicted over {len(ratios)} measurements: median {np.median(ratios):.2f}, "
-                   f"range {min(ratios):.2f}..{max(ratios):.2f}; {bad} outside 1/1.25..1.25")
-    return out
-
-
-def write_outputs(out_json: Path, readme: Path, plot: Path) -> None:
-    data = json.loads(out_json.read_text())
-    es = data["entries"]
-    order = {"single": 0, "dense": 1, "disco": 2, "separated": 3}
-    big = "resnet50" if any(e["model"] == "resnet50" for e in es) else es[0]["model"]
-    es = sorted(es, key=lambda e: (e["model"] != big, e["nodes"], order[e["mode"]],
-                                   -(e.get("ratio_target") or 0), {"fp32": 0, "fp16": 1}.get(e.get("codec"), 0),
-                                   e["bandwidth_mbit"] if e["bandwidth_mbit"] is not None else 1e9,
-                                   e.get("shaping") or ""))
-    head = ["| model | mode | N | r | codec | link | shaping | measured ms | predicted ms | no-overlap ms "
-            "| meas/pred | bytes sent | weights/node max | peak RSS/node max | rel. err | timed |",
-            "|" + "---|" * 16]
-    rows = ["### Measured", "", *head]
-    measured = [e for e in es if e.get("latency_ms_median") is not None or e.get("error")]
-    rest = [e for e in es if e not in measured]
-    for e in measured + [None] + rest:
-        if e is None:
-            if not rest:
-                break
-            rows += ["", "### Not measured (latency model only)", "", *head]
-            continue
-        bw = "loopback" if e["bandwidth_mbit"] is None else f"{e['bandwidth_mbit']:g} Mbit/s"
-        meas = e.get("latency_ms_median")
-        pred = e.get("predicted_ms")
-        ratio = "-" if not (meas and pred) else f"{meas / pred:.2f}"
-        wb = e.get("weight_bytes_per_node")
-        rss = e.get("peak_rss_mb_per_node")
-        err = e.get("max_rel_err_vs_single_process")
-        r = e.get("ratio")
-        rows.append(
-            f"| {e['model']} | {e['mode']} | {e['nodes']} | {'-' if r is None else f'{r:.3f}'} "
-            f"| {e.get('codec') or '-'} | {bw} | {e.get('shaping') or '-'} "
-            f"| {('failed' if e.get('error') else '-') if meas is None else f'{meas:.1f}'} | {_f(pred, '{:.1f}')} "
-            f"| {_f(e.get('predicted_ms_no_overlap'), '{:.1f}')} | {ratio} "
-            f"| {_f(e.get('bytes_sent_total'), '{:,}')} | {'-' if not wb else f'{max(wb) / 1e6:.2f} MB'} "
-            f"| {'-' if not rss else f'{max(rss):.0f} MB'} | {_f(err, '{:.1e}')} | {e.get('n_timed') or '-'} |")
-    meta = data["meta"]
-    def cal_line(k: str) -> str:
-        c = meta.get(k, {})
-        return f"{c.get('a_s', 0) * 1e6:.0f} us + {c.get('b_s_per_byte', 0) * 1e9:.2f} ns/byte"
-
-    lines = [
-        "_Generated by `bench/latency.py` from results/latency.json._", "",
-        f"Host: {meta.get('host_cpus')} CPUs, {meta.get('threads_per_node')} thread per node, torch "
-        f"{meta.get('torch')}. Link model: {meta.get('link_model')}. Kernel shaping: {meta.get('tc')}.",
-        f"Per-message delay d(S) = a + b*S fitted on gloo ping-pongs through DistTransport: idle cores "
-        f"{cal_line('delay')} (through the pacing thread {cal_line('delay_paced')}); both ends computing "
-        f"between messages {cal_line('delay_loaded')} (paced {cal_line('delay_loaded_paced')}). The model uses "
-        f"the {meta.get('delay_model', 'loaded')} ones.", "",
-        *headlines(es, big), "", *rows,
-    ]
-    text = readme.read_text() if readme.is_file() else "# Benchmarks\n"
-    start, end = "<!-- latency-table -->", "<!-- /latency-table -->"
-    table = f"{start}\n" + "\n".join(lines) + f"\n{end}"
-    if start in text:
-        text = text[:text.index(start)] + table + text[text.index(end) + len(end):]
-    else:
-        text += "\n" + table + "\n"
-    readme.write_text(text)
-    plot_latency(es, plot)
-
-
-def plot_latency(es: list[dict[str, Any]], plot: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    model = "resnet50" if any(e["model"] == "resnet50" for e in es) else es[0]["model"]
-    loop_x = 10_000  # where "unshaped loopback" sits on the bandwidth axis
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    colors = {1.0: "C3", 0.2: "C0", 0.1: "C2", 0.05: "C4", 0.0: "C7"}
-    single = next((e for e in es if e["model"] == model and e["mode"] == "single"), None)
-    for ax, n in zip(axes, (2, 4), strict=True):
-        for (r, codec), c in [((r, cd), colors[r]) for r in RATIOS for cd in CODECS]:
-            sel = [e for e in es if e["model"] == model and e["nodes"] == n and e.get("ratio_target") == r
-                   and e.get("codec") == codec and e.get("shaping") in ("pacing", None)]
-            if not sel:
-                continue
-            sel.sort(key=lambda e: e["bandwidth_mbit"] or loop_x)
-            xs = [e["bandwidth_mbit"] or loop_x for e in sel]
-            ls = "-" if codec == "fp32" else "--"
-            name = {1.0: "dense", 0.0: "separated"}.get(r, f"DISCO r={r}")
-            ax.plot(xs, [e["predicted_ms"] for e in sel], ls, color=c, alpha=0.35, lw=1)
-            m = [(x, e["latency_ms_median"]) for x, e in zip(xs, sel, strict=True) if e["latency_ms_median"]]
-            if m:
-                ax.plot(*zip(*m, strict=True), "o" + ls, color=c, label=f"{name} {codec}", ms=4)
-            else:
-                ax.plot([], [], ls, color=c, alpha=0.35, label=f"{name} {codec} (predicted)")
-        tc = [e for e in es if e["model"] == model and e["nodes"] == n and e.get("shaping") == "tc"
-              and e["latency_ms_median"]]
-        if tc:
-            ax.plot([e["bandwidth_mbit"] for e in tc], [e["latency_ms_median"] for e in tc], "k^", ms=7, mfc="none",
-                    label="kernel tc (veth, netns)")
-        if single:
-            ax.axhline(single["latency_ms_median"], color="k", ls=":", lw=1, label="1 process (PyTorch)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xticks([10, 100, 1000, loop_x], ["10", "100", "1000", "loopback"])
-        ax.set_xlabel("link bandwidth per node (Mbit/s)")
-        ax.set_title(f"{model}, N={n}: markers measured, faint lines predicted")
-        ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel("latency per inference (ms)")
-    axes[1].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(plot, dpi=120)
-    plt.close(fig)
-
-
-def calibrate_overhead(data: dict[str, Any], delay: dict[str, lat.Delay], cores: int) -> float:
-    """Per-message runtime overhead o (s) on unshaped links: the value for which the model reproduces
-    one unshaped loopback run (resnet50, dense, N=2, fp32; else the first dense N=2 fp32 loopback run)."""
-    cands = [e for e in data["entries"] if e["mode"] == "dense" and e["nodes"] == 2 and e.get("codec") == "fp32"
-             and e["bandwidth_mbit"] is None and e.get("latency_ms_median")]
-    cands.sort(key=lambda e: e["model"] != "resnet50")
-    for e in data["entries"]:
-        e.pop("calibration", None)
-    if not cands:
-        return 0.0
-    e = cands[0]
-    progs = TRACES.get(f"{e['model']}|2|1|fp32")
-    if progs is None:
-        return 0.0
-    target = e["latency_ms_median"] / 1e3
-    lo, hi = 0.0, 0.01
-    if lat.simulate(progs, LinkModel(None), cores, delay["none"]) >= target:
-        o = 0.0
-    else:
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if lat.simulate(lat.with_overhead(progs, mid), LinkModel(None), cores, delay["none"]) < target:
-                lo = mid
-            else:
-                hi = mid
-        o = (lo + hi) / 2
-    e["calibration"] = True
-    data["meta"]["msg_overhead_s"] = o
-    data["meta"]["msg_overhead_from"] = f"{e['model']} dense N=2 fp32 unshaped loopback, measured " \
-        f"{e['latency_ms_median']:.1f} ms over {e.get('messages')} messages"
-    return o
-
-
-def repredict(out: Path, delay_model: str | None = None) -> None:
-    """Recompute every prediction from the stored traces and calibration (after a change of the model)."""
-    load_traces()
-    data = json.loads(out.read_text())
-    if delay_model:
-        data["meta"]["delay_model"] = delay_model
-    delay = delays(data["meta"])
-    cores = data["meta"].get("host_cpus") or os.cpu_count()
-    o = calibrate_overhead(data, delay, cores)
-    for e in data["entries"]:
-        if e["mode"] == "single":
-            continue
-        r = 1.0 if e["nodes"] == 1 else e["ratio_target"]
-        progs = TRACES.get(f"{e['model']}|{e['nodes']}|{r:g}|{e['codec']}")
-        if progs is None:
-            continue
-        bw = None if e["bandwidth_mbit"] is None else e["bandwidth_mbit"] * 1e6
-        if bw is not None and e.get("shaping") == "tc":
-            bw *= TCP_GOODPUT
-        pred = lat.predict(progs, LinkModel(bw), cores, delay[e.get("shaping") or "none"],
-                           o if e["bandwidth_mbit"] is None and e["nodes"] > 1 else 0.0)
-        e["predicted_ms"] = round(pred["predicted_ms"], 3)
-        e["predicted_ms_no_overlap"] = round(pred["predicted_ms_no_overlap"], 3)
-        if e.get("latency_ms_median"):
-            e["measured_over_predicted"] = round(e["latency_ms_median"] / pred["predicted_ms"], 3)
-    out.write_text(json.dumps(data, indent=1))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="cifar_resnet8, N=2, a few settings (development)")
@@ -932,13 +533,11 @@ def main() -> None:
     p.add_argument("--models", default="resnet50,cifar_resnet20")
     p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
     p.add_argument("--no-tc", action="store_true", help="skip the kernel-shaping (netns + tc) runs")
-    p.add_argument("--report", action="store_true", help="only regenerate the README table and the plot")
+    p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes/tables.py)")
     p.add_argument("--repredict", action="store_true", help="with --report: recompute the predictions from the "
                    "stored traces and calibration first")
     p.add_argument("--delay-model", choices=["idle", "loaded"], default=None,
                    help="with --repredict: which per-message delay calibration the model uses")
-    p.add_argument("--readme", default=None, help="write the table into this README (default bench/README.md "
-                   "when --out is results/latency.json)")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.single:
@@ -958,11 +557,10 @@ def main() -> None:
         finally:
             with contextlib.suppress(Exception):
                 netns_cleanup()
-    readme = Path(a.readme) if a.readme else ROOT / "bench" / "README.md" if main_out else None
-    if readme is not None:
-        write_outputs(out, readme, out.with_suffix(".png"))
-    big = "cifar_resnet8" if a.quick else a.models.split(",")[0]
-    print("\n".join(headlines(json.loads(out.read_text())["entries"], big)))
+    if main_out:  # the pages and the plot come from the JSON, rendered by recipes/tables.py only
+        subprocess.run([sys.executable, str(ROOT / "recipes" / "tables.py")], check=True)
+    else:
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

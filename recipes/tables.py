@@ -1,4 +1,5 @@
-"""Regenerate the plots and the tables of README.md and docs/*.md from results/*.json (no number is typed by hand).
+"""Regenerate the plots and the tables of README.md, docs/*.md and bench/README.md from results/*.json (no number is
+typed by hand).
 
     python recipes/tables.py            # rewrite every table and plot
     python recipes/tables.py --check    # exit 1 if a page is not what the JSON gives (no file written)
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -494,6 +496,208 @@ def latency_short(data: dict | list) -> str:
         rows.append(f"| {model} | {shape} | {dense['latency_ms_median']:.0f} | {cells} | {speed} |")
     return "\n".join(rows)
 
+# ---- the latency sweep (bench/latency.py): bench/README.md's report and results/latency.png -------------
+
+LATENCY_RATIOS = [1.0, 0.2, 0.1, 0.05, 0.0]
+LATENCY_CODECS = ["fp32", "fp16"]
+# the task models of the sweep (bench/latency.py --models ...): their gains over dense are listed one by one
+LATENCY_TASK_MODELS = ("deit_small_patch16_224", "rrdbnet", "deeplabv3plus_resnet50", "ssd300_vgg16_split")
+
+
+def _f(x: object, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def headlines(entries: list[dict], big: str = "resnet50") -> list[str]:
+    """The latency sweep's findings, one line each, from the entries."""
+    def get(**kw: object) -> dict | None:
+        for e in entries:
+            if all(e.get(k) == v for k, v in kw.items()) and e.get("latency_ms_median") is not None:
+                return e
+        return None
+
+    out = []
+    for codec in LATENCY_CODECS:
+        d = get(model=big, mode="dense", nodes=2, codec=codec, bandwidth_mbit=100, shaping="pacing")
+        s = get(model=big, mode="disco", nodes=2, ratio_target=0.2, codec=codec, bandwidth_mbit=100,
+                shaping="pacing")
+        if d and s:
+            out.append(f"- {big}, N=2, 100 Mbit/s, {codec} on the wire: DISCO r=0.2 "
+                       f"{s['latency_ms_median']:.0f} ms vs dense {d['latency_ms_median']:.0f} ms: "
+                       f"**{d['latency_ms_median'] / s['latency_ms_median']:.2f}x faster** (model predicts "
+                       f"{d['predicted_ms'] / s['predicted_ms']:.2f}x)")
+    d32 = get(model=big, mode="dense", nodes=2, codec="fp32", bandwidth_mbit=100, shaping="pacing")
+    s16 = get(model=big, mode="disco", nodes=2, ratio_target=0.2, codec="fp16", bandwidth_mbit=100,
+              shaping="pacing")
+    if d32 and s16:
+        out.append(f"- {big}, N=2, 100 Mbit/s: DISCO r=0.2 with fp16 on the wire vs dense fp32: "
+                   f"**{d32['latency_ms_median'] / s16['latency_ms_median']:.2f}x faster**")
+    for n, r in ((2, 0.2), (4, 0.1)):
+        e = next((e for e in entries if e["model"] == big and e["nodes"] == n and e.get("ratio_target") == r
+                  and e.get("weight_fraction_max") is not None), None)
+        if e:
+            out.append(f"- {big} weights per node at N={n}, r={r}: at most **{e['weight_fraction_max']:.3f}x** "
+                       f"of the whole model ({max(e['weight_bytes_per_node']) / 1e6:.1f} MB of "
+                       f"{e['params_dense'] * 4 / 1e6 if e.get('params_dense') else float('nan'):.1f} MB)")
+    for model in sorted({e["model"] for e in entries}, key=lambda m: m != big):
+        one = get(model=model, mode="single", nodes=1)
+        rt = get(model=model, mode="dense", nodes=1)
+        if one and rt:
+            out.append(f"- {model}, unshaped, N=1: the runtime takes {rt['latency_ms_median']:.2f} ms vs plain "
+                       f"PyTorch {one['latency_ms_median']:.2f} ms: "
+                       f"**{(rt['latency_ms_median'] / one['latency_ms_median'] - 1) * 100:+.0f}%**")
+    gains = []
+    for model in LATENCY_TASK_MODELS:
+        for n in (2, 4):
+            d = get(model=model, mode="dense", nodes=n, codec="fp32", bandwidth_mbit=100, shaping="pacing")
+            for r in sorted({e["ratio_target"] for e in entries if e["model"] == model and e["nodes"] == n
+                             and e.get("ratio_target") is not None and 0 < e["ratio_target"] < 1}, reverse=True):
+                s = get(model=model, mode="disco", nodes=n, ratio_target=r, codec="fp32", bandwidth_mbit=100,
+                        shaping="pacing")
+                if d and s:
+                    gains.append((d["latency_ms_median"] / s["latency_ms_median"], model, n, r, d, s))
+    for g, model, n, r, d, s in sorted(gains, key=lambda t: (t[1], t[2], -t[3])):
+        out.append(f"- {model}, N={n}, 100 Mbit/s, fp32: DISCO r={r:g} {s['latency_ms_median']:.0f} ms vs dense "
+                   f"{d['latency_ms_median']:.0f} ms: **{g:.2f}x faster** (model predicts "
+                   f"{d['predicted_ms'] / s['predicted_ms']:.2f}x)")
+    by_task = {}
+    for g, model, n, r, _, _ in gains:
+        if r == 0.1 and n == 2:
+            by_task[model] = g
+    big_d = get(model=big, mode="dense", nodes=2, codec="fp32", bandwidth_mbit=100, shaping="pacing")
+    big_s = get(model=big, mode="disco", nodes=2, ratio_target=0.1, codec="fp32", bandwidth_mbit=100,
+                shaping="pacing")
+    if big_d and big_s:
+        by_task[big] = big_d["latency_ms_median"] / big_s["latency_ms_median"]
+    if len(by_task) > 1:
+        best = max(by_task, key=by_task.get)
+        listing = ", ".join(f"{m} {g:.2f}x" for m, g in sorted(by_task.items(), key=lambda t: -t[1]))
+        out.append(f"- largest gain over dense at N=2, r=0.1, 100 Mbit/s, fp32: **{best}** ({listing})")
+    for model in sorted({e["model"] for e in entries}):
+        one = get(model=model, mode="single", nodes=1)
+        if one is None or one.get("post_ms") is None:
+            continue
+        for n, r in ((2, 0.1), (4, 0.1)):
+            s = get(model=model, mode="disco", nodes=n, ratio_target=r, codec="fp32", bandwidth_mbit=100,
+                    shaping="pacing")
+            if s:
+                p, t = one["post_ms"], s["latency_ms_median"]
+                out.append(f"- {model}, leader's post-processing (box decoding + NMS, 1 thread, random weights): "
+                           f"{p:.1f} ms = **{100 * p / (t + p):.1f}%** of N={n} DISCO r={r:g} at 100 Mbit/s "
+                           f"({t:.0f} ms + {p:.1f} ms)")
+    ratios = [e["latency_ms_median"] / e["predicted_ms"] for e in entries
+              if e.get("latency_ms_median") and e.get("predicted_ms")]
+    if ratios:
+        bad = sum(1 for x in ratios if x > 1.25 or x < 1 / 1.25)
+        out.append(f"- measured / predicted over {len(ratios)} measurements: median {statistics.median(ratios):.2f}, "
+                   f"range {min(ratios):.2f}..{max(ratios):.2f}; {bad} outside 1/1.25..1.25")
+    return out
+
+
+def latency_bench(data: dict) -> str:
+    """bench/README.md's report: the host and calibration, the headlines, then every measured entry and every
+    entry the latency model only predicted."""
+    es = data["entries"]
+    order = {"single": 0, "dense": 1, "disco": 2, "separated": 3}
+    big = "resnet50" if any(e["model"] == "resnet50" for e in es) else es[0]["model"]
+    es = sorted(es, key=lambda e: (e["model"] != big, e["nodes"], order[e["mode"]],
+                                   -(e.get("ratio_target") or 0), {"fp32": 0, "fp16": 1}.get(e.get("codec"), 0),
+                                   e["bandwidth_mbit"] if e["bandwidth_mbit"] is not None else 1e9,
+                                   e.get("shaping") or ""))
+    head = ["| model | mode | N | r | codec | link | shaping | measured ms | predicted ms | no-overlap ms "
+            "| meas/pred | bytes sent | weights/node max | peak RSS/node max | rel. err | timed |",
+            "|" + "---|" * 16]
+    rows = ["### Measured", "", *head]
+    measured = [e for e in es if e.get("latency_ms_median") is not None or e.get("error")]
+    rest = [e for e in es if e not in measured]
+    for e in measured + [None] + rest:
+        if e is None:
+            if not rest:
+                break
+            rows += ["", "### Not measured (latency model only)", "", *head]
+            continue
+        bw = "loopback" if e["bandwidth_mbit"] is None else f"{e['bandwidth_mbit']:g} Mbit/s"
+        meas = e.get("latency_ms_median")
+        pred = e.get("predicted_ms")
+        ratio = "-" if not (meas and pred) else f"{meas / pred:.2f}"
+        wb = e.get("weight_bytes_per_node")
+        rss = e.get("peak_rss_mb_per_node")
+        err = e.get("max_rel_err_vs_single_process")
+        r = e.get("ratio")
+        rows.append(
+            f"| {e['model']} | {e['mode']} | {e['nodes']} | {'-' if r is None else f'{r:.3f}'} "
+            f"| {e.get('codec') or '-'} | {bw} | {e.get('shaping') or '-'} "
+            f"| {('failed' if e.get('error') else '-') if meas is None else f'{meas:.1f}'} | {_f(pred, '{:.1f}')} "
+            f"| {_f(e.get('predicted_ms_no_overlap'), '{:.1f}')} | {ratio} "
+            f"| {_f(e.get('bytes_sent_total'), '{:,}')} | {'-' if not wb else f'{max(wb) / 1e6:.2f} MB'} "
+            f"| {'-' if not rss else f'{max(rss):.0f} MB'} | {_f(err, '{:.1e}')} | {e.get('n_timed') or '-'} |")
+    meta = data["meta"]
+
+    def cal_line(k: str) -> str:
+        c = meta.get(k, {})
+        return f"{c.get('a_s', 0) * 1e6:.0f} us + {c.get('b_s_per_byte', 0) * 1e9:.2f} ns/byte"
+
+    lines = [
+        "_Generated by `recipes/tables.py` from results/latency.json._", "",
+        f"Host: {meta.get('host_cpus')} CPUs, {meta.get('threads_per_node')} thread per node, torch "
+        f"{meta.get('torch')}. Link model: {meta.get('link_model')}. Kernel shaping: {meta.get('tc')}.",
+        f"Per-message delay d(S) = a + b*S fitted on gloo ping-pongs through DistTransport: idle cores "
+        f"{cal_line('delay')} (through the pacing thread {cal_line('delay_paced')}); both ends computing "
+        f"between messages {cal_line('delay_loaded')} (paced {cal_line('delay_loaded_paced')}). The model uses "
+        f"the {meta.get('delay_model', 'loaded')} ones.", "",
+        *headlines(es, big), "", *rows,
+    ]
+    return "\n".join(lines)
+
+
+def plot_latency(data: dict, plot: Path) -> None:
+    """Latency against link bandwidth (the big model, N=2 and N=4): markers measured, faint lines predicted."""
+    es = data["entries"]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    model = "resnet50" if any(e["model"] == "resnet50" for e in es) else es[0]["model"]
+    loop_x = 10_000  # where "unshaped loopback" sits on the bandwidth axis
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    colors = {1.0: "C3", 0.2: "C0", 0.1: "C2", 0.05: "C4", 0.0: "C7"}
+    single = next((e for e in es if e["model"] == model and e["mode"] == "single"), None)
+    for ax, n in zip(axes, (2, 4), strict=True):
+        for (r, codec), c in [((r, cd), colors[r]) for r in LATENCY_RATIOS for cd in LATENCY_CODECS]:
+            sel = [e for e in es if e["model"] == model and e["nodes"] == n and e.get("ratio_target") == r
+                   and e.get("codec") == codec and e.get("shaping") in ("pacing", None)]
+            if not sel:
+                continue
+            sel.sort(key=lambda e: e["bandwidth_mbit"] or loop_x)
+            xs = [e["bandwidth_mbit"] or loop_x for e in sel]
+            ls = "-" if codec == "fp32" else "--"
+            name = {1.0: "dense", 0.0: "separated"}.get(r, f"DISCO r={r}")
+            ax.plot(xs, [e["predicted_ms"] for e in sel], ls, color=c, alpha=0.35, lw=1)
+            m = [(x, e["latency_ms_median"]) for x, e in zip(xs, sel, strict=True) if e["latency_ms_median"]]
+            if m:
+                ax.plot(*zip(*m, strict=True), "o" + ls, color=c, label=f"{name} {codec}", ms=4)
+            else:
+                ax.plot([], [], ls, color=c, alpha=0.35, label=f"{name} {codec} (predicted)")
+        tc = [e for e in es if e["model"] == model and e["nodes"] == n and e.get("shaping") == "tc"
+              and e["latency_ms_median"]]
+        if tc:
+            ax.plot([e["bandwidth_mbit"] for e in tc], [e["latency_ms_median"] for e in tc], "k^", ms=7, mfc="none",
+                    label="kernel tc (veth, netns)")
+        if single:
+            ax.axhline(single["latency_ms_median"], color="k", ls=":", lw=1, label="1 process (PyTorch)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks([10, 100, 1000, loop_x], ["10", "100", "1000", "loopback"])
+        ax.set_xlabel("link bandwidth per node (Mbit/s)")
+        ax.set_title(f"{model}, N={n}: markers measured, faint lines predicted")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("latency per inference (ms)")
+    axes[1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(plot, dpi=120)
+    plt.close(fig)
+
 
 ALL = tuple(HEADLINE)  # a renderer over several results files gets {name: entries}
 
@@ -519,17 +723,18 @@ TABLES = {
     "det_small_size": ("det_ssd_small", model_size),
     "latency": ("latency", latency_headline),
     "latency_short": ("latency", latency_short),
+    "latency_bench": ("latency", latency_bench),
     "headline": (ALL, headline),
 }
-# results JSON name -> plot written next to it as NAME.png (the latency plot is bench/latency.py's)
+# results JSON name -> plot written next to it as NAME.png
 PLOTS = {"cifar10_resnet": plot_cifar10, "cifar10_vit": plot_cifar10_vit, "sr_rrdbnet": plot_sr,
-         "seg_deeplabv3plus": plot_seg, "det_ssd": plot_det}
+         "seg_deeplabv3plus": plot_seg, "det_ssd": plot_det, "latency": plot_latency}
 MARKER = re.compile(r"(<!-- table:(\w+) -->\n).*?(<!-- /table:\2 -->)", re.S)
 
 
 def pages(root: Path = ROOT) -> list[Path]:
-    """The pages whose markers are generated: README.md and docs/*.md."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """The pages whose markers are generated: README.md, docs/*.md and bench/README.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "bench" / "README.md"]
 
 
 def render(text: str, results: Path) -> str:

@@ -24,6 +24,19 @@ def test_import_disco_is_light_and_exports_the_api():
         disco.nope  # noqa: B018
 
 
+def test_api_names_are_not_shadowed_by_submodules():
+    """A submodule imported later becomes an attribute of the package: no API name may be one."""
+    import pkgutil
+
+    import disco.api
+
+    for m in pkgutil.walk_packages(disco.__path__, "disco."):
+        __import__(m.name)
+    for name in disco.__all__:
+        if name != "__version__":
+            assert getattr(disco, name) is getattr(disco.api, name), name
+
+
 def _tiny():
     return build_model("cifar_resnet8"), (1, 3, 16, 16)
 

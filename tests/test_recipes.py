@@ -1,31 +1,122 @@
-"""The recipes' shared run-table helpers (recipes/common.py)."""
+"""The recipes' shared driver (recipes/common.py), their run rows and the entries they write."""
 
+import importlib.util
+import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
-from common import epochs_of, options_of  # noqa: E402
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "recipes"))
+import common  # noqa: E402
+from common import Recipe, Run, run_config  # noqa: E402
+
+from disco import SparsifyConfig  # noqa: E402
 
 
-def test_run_rows_with_optional_epochs_and_options():
-    assert epochs_of(("n2_r0.1", 2, 0.1), 20) == 20
-    assert epochs_of(("n2_r0.1_ft60", 2, 0.1, 60), 20) == 60
-    assert epochs_of(("n2_r0.1_taylor", 2, 0.1, {"selection": "taylor"}), 20) == 20
-    assert epochs_of(("x", 2, 0.1, 300, {"selection": "taylor"}), 20) == 300
-    assert epochs_of(("cifar", 2, 0.1, "global", "magnitude", 30), 10, at=5) == 30
-    assert options_of(("n2_r0.1", 2, 0.1)) == {}
-    assert options_of(("n2_r0.1_ft60", 2, 0.1, 60)) == {}
-    assert options_of(("x", 2, 0.1, 300, {"selection": "taylor"})) == {"selection": "taylor"}
+def _module(path: str):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(Path(path).parent.name + "_run", ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _recipe(**kw) -> Recipe:
+    base = dict(task="cifar10", model="cifar_resnet8", input_shape=(1, 3, 32, 32), runs=[],
+                metrics=lambda r: {"top1": r["top1"]}, dense_epochs=3, epochs=20, distill=0.5,
+                finetune={"lr": 5e-4, "batch_size": 16})
+    return Recipe(**(base | kw))
+
+
+def test_a_run_row_overrides_the_recipe_and_makes_a_valid_config():
+    rec = _recipe()
+    cfg = run_config(rec, Run("x", 4, 0.1, epochs=60, selection="taylor", lr=1e-3, distill=0.0))
+    assert cfg == {"lr": 1e-3, "batch_size": 16, "nodes": 4, "ratio": 0.1, "budget": "global", "selection": "taylor",
+                   "epochs": 60, "distill": 0.0, "limit": None}
+    plain = run_config(rec, Run("y", 2, 0.2, budget="layer"))
+    assert (plain["lr"], plain["epochs"], plain["distill"], plain["budget"]) == (5e-4, 20, 0.5, "layer")
+    SparsifyConfig(**cfg)  # every key is a field of the config
+
+
+@pytest.mark.parametrize("path", ["recipes/cifar10/run.py", "recipes/seg/run.py", "recipes/sr/run.py",
+                                  "recipes/det/run.py", "recipes/det/lr_sweep.py"])
+def test_every_recipe_row_makes_a_valid_config_and_names_are_unique(path):
+    mod = _module(path)
+    if hasattr(mod, "recipes_of"):
+        recipes = [r for r, _ in mod.recipes_of(mod.build_parser().parse_args([]))]
+    elif hasattr(mod, "recipe_of"):
+        recipes = [mod.recipe_of(mod.build_parser().parse_args([]))]
+    else:
+        recipes = [_recipe(runs=mod.ROWS)]
+    for rec in recipes:
+        names = [r.name for r in rec.runs]
+        assert len(names) == len(set(names)) and names
+        for run in rec.runs:
+            SparsifyConfig(**run_config(rec, run))
+
+
+# the results file each recipe writes, and how to build its recipe from the default options
+RESULTS = [("recipes/cifar10/run.py", "cifar10_resnet", []), ("recipes/cifar10/run.py", "cifar10_vit",
+                                                                 ["--model", "vit_cifar"]),
+           ("recipes/seg/run.py", "seg_deeplabv3plus", []), ("recipes/sr/run.py", "sr_rrdbnet", []),
+           ("recipes/det/run.py", "det_ssd", []), ("recipes/det/run.py", "det_ssd_small",
+                                                  ["--model", "ssd_small_split"])]
+
+
+@pytest.mark.parametrize("path,name,argv", RESULTS, ids=[r[1] for r in RESULTS])
+def test_a_rerun_writes_at_least_the_fields_of_the_committed_results(path, name, argv):
+    """The tables are generated from these fields: the driver's entries must carry every one of them."""
+    mod = _module(path)
+    args = mod.build_parser().parse_args(argv)
+    rec = mod.recipes_of(args)[0][0] if hasattr(mod, "recipes_of") else mod.recipe_of(args)
+    committed = json.loads((ROOT / "results" / f"{name}.json").read_text())
+    res = {k: v for e in committed for k, v in e.items()}  # every field a committed entry has, as a task result
+    if "per_class_iou" in res:
+        res |= {f"iou_{c}": 1.0 for c in res["per_class_iou"]}
+    dense = common.dense_entry(rec, res, {"dense_bytes": 1, "flops_dense": 2, "params_dense": 3})
+    run = common.run_entry(rec, {**res, "name": "n2_r0.1"})
+    for e in committed:
+        built = dense if e["nodes"] == 1 else run
+        missing = set(e) - set(built) - {"carried_over"}
+        assert not missing, f"{e['name']}: a rerun would not write {sorted(missing)}"
+
+
+def test_drive_skips_what_is_done_records_row_rates_and_copies_committed_checkpoints(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_sparsify(dense, data, out, config):
+        calls.append(config)
+        Path(out).write_bytes(b"ckpt")
+        return {"nodes": config.nodes, "ratio": config.ratio, "target_ratio": config.ratio, "budget": config.budget,
+                "selection": config.selection, "top1": 50.0 + config.ratio, "bytes": 10, "dense_bytes": 100,
+                "stats_bytes": 0, "flops_total": 5, "flops_dense": 9, "params_per_node": [1, 1], "params_dense": 2}
+
+    runs, assets = tmp_path / "runs", tmp_path / "assets"
+    runs.mkdir()
+    (runs / "dense.safetensors").write_bytes(b"dense")
+    monkeypatch.setattr(common, "dense_model", lambda rec, r, data, threads: (
+        runs / "dense.safetensors", {"top1": 60.0}, {"dense_bytes": 100, "flops_dense": 9, "params_dense": 2}))
+    import disco
+
+    monkeypatch.setattr(disco, "sparsify_checkpoint", fake_sparsify)
+    rec = _recipe(runs=[Run("a", 2, 0.1), Run("b", 2, 0.2, epochs=7, lr=1e-3)], committed={"a": "A.safetensors",
+                                                                                          "dense": "D.safetensors"})
+    args = common.argparse.Namespace(dense_threads=1, workers=1, only=["a"])
+    entries = common.drive(rec, "DATA", runs, args, assets=assets)
+    assert [e["name"] for e in entries] == ["dense", "a"] and len(calls) == 1  # --only
+    assert entries[1]["checkpoint"].endswith("A.safetensors") and (assets / "A.safetensors").read_bytes() == b"ckpt"
+    assert (assets / "D.safetensors").read_bytes() == b"dense" and entries[0]["top1"] == 60.0
+    args.only = None
+    entries = common.drive(rec, "DATA", runs, args, assets=None)
+    assert [e["name"] for e in entries] == ["dense", "a", "b"] and len(calls) == 2  # a is done: skipped
+    assert calls[1].lr == 1e-3 and calls[1].epochs == 7 and calls[0].lr == 5e-4 and calls[0].epochs == 20
+    b = json.loads((runs / "b.json").read_text())
+    assert b["lr"] == 1e-3 and b["epochs"] == 7 and entries[2]["lr"] == 1e-3 and entries[1]["lr"] == 5e-4
 
 
 def test_sr_recipe_keeps_earlier_entries_only_for_the_same_dense_model(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sr_run", Path(__file__).resolve().parents[1] / "recipes/sr/run.py")
-    sr_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sr_run)
-    import json
-
+    sr_run = _module("recipes/sr/run.py")
     dense = {"name": "dense", "psnr_set5": 30.5, "psnr_set14": 27.5, "psnr_bsd100": 26.9, "ssim_set5": 0.868,
              "ssim_set14": 0.75, "ssim_bsd100": 0.71}
     old = [dense, {"name": "n2_r0.5", "psnr_set5": 30.1}, {"name": "n2_r0.1", "psnr_set5": 29.0},
@@ -38,29 +129,6 @@ def test_sr_recipe_keeps_earlier_entries_only_for_the_same_dense_model(tmp_path)
     other = [{**dense, "psnr_set5": 30.6}, {"name": "n2_r0.1", "psnr_set5": 29.4}]
     assert sr_run.carried_over(path, other, ["n2_r0.5", "n2_r0.1"]) == []
     assert sr_run.carried_over(tmp_path / "missing.json", now, ["n2_r0.5"]) == []
-
-
-def test_sparsify_run_puts_the_row_rate_last_records_it_and_caches(tmp_path, monkeypatch):
-    import json
-
-    import common
-
-    calls = []
-
-    def fake_disco(*args, threads):
-        calls.append(args)
-        (tmp_path / "x.safetensors").write_bytes(b"")
-        return {"map": 1.0}
-
-    monkeypatch.setattr(common, "disco", fake_disco)
-    res = common.sparsify_run(tmp_path, tmp_path / "dense.safetensors", "DATA", "x", 2, 0.1, 10,
-                              ["--lr", "0.0005", "--distill", "0.5"], selection="taylor", lr=1e-3)
-    args = calls[0]
-    assert args[args.index("--selection") + 1] == "taylor"
-    assert [a for i, a in enumerate(args) if i and args[i - 1] == "--lr"][-1] == "0.001"  # argparse: last one wins
-    assert res["lr"] == 1e-3 and json.loads((tmp_path / "x.json").read_text())["lr"] == 1e-3
-    common.sparsify_run(tmp_path, tmp_path / "dense.safetensors", "DATA", "x", 2, 0.1, 10, [], lr=1e-3)
-    assert len(calls) == 1  # cached: both files exist
 
 
 def test_sweeps_group_runs_by_setting_with_their_separated_branches():

@@ -13,22 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import sparsify_run  # noqa: E402
+from common import Recipe, Run, sparsify_runs  # noqa: E402
 
-# (name, ratio, selection, lr, distill)
 ROWS = [
-    ("r1_lr5e-4", 1.0, "magnitude", 5e-4, 0.5),
-    ("r1_lr5e-4_nodistill", 1.0, "magnitude", 5e-4, 0.0),
-    ("r1_lr1e-4", 1.0, "magnitude", 1e-4, 0.5),
-    ("r0.1_taylor_lr1e-4", 0.1, "taylor", 1e-4, 0.5),
-    ("r0.1_taylor_lr2e-4", 0.1, "taylor", 2e-4, 0.5),
-    ("r0.1_taylor_lr1e-3", 0.1, "taylor", 1e-3, 0.5),
-    ("r0.1_taylor_lr2e-3", 0.1, "taylor", 2e-3, 0.5),  # is 1e-3 the top of the curve?
+    Run("r1_lr5e-4", 2, 1.0, lr=5e-4, distill=0.5),
+    Run("r1_lr5e-4_nodistill", 2, 1.0, lr=5e-4, distill=0.0),
+    Run("r1_lr1e-4", 2, 1.0, lr=1e-4, distill=0.5),
+    Run("r0.1_taylor_lr1e-4", 2, 0.1, selection="taylor", lr=1e-4, distill=0.5),
+    Run("r0.1_taylor_lr2e-4", 2, 0.1, selection="taylor", lr=2e-4, distill=0.5),
+    Run("r0.1_taylor_lr1e-3", 2, 0.1, selection="taylor", lr=1e-3, distill=0.5),
+    Run("r0.1_taylor_lr2e-3", 2, 0.1, selection="taylor", lr=2e-3, distill=0.5),  # is 1e-3 the top of the curve?
 ]
 
 
@@ -44,18 +42,13 @@ def main() -> None:
     args = p.parse_args()
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    lim = ["--limit", str(args.limit)] if args.limit else []
-
-    def one(row: tuple) -> dict:
-        name, ratio, selection, lr, distill = row
-        flags = ["--batch-size", "32", "--distill", str(distill), *lim]
-        r = sparsify_run(runs, Path(args.dense), args.data, name, 2, ratio, args.epochs, flags, selection=selection,
-                         lr=lr, task="det_generated")
-        return {"name": name, "nodes": 2, "ratio": r["ratio"], "selection": selection, "lr": lr, "distill": distill,
-                "epochs": args.epochs, "map": r["map"], "map50": r["map50"]}
-
-    with ThreadPoolExecutor(args.workers) as pool:
-        entries = list(pool.map(one, ROWS))
+    recipe = Recipe(task="det_generated", model="ssd_tiny_split", input_shape=(1, 3, 128, 128), runs=ROWS,
+                    metrics=dict, dense_epochs=0, epochs=args.epochs, distill=0.5, finetune={"batch_size": 32},
+                    limit=args.limit)
+    done = {r["name"]: r for r in sparsify_runs(recipe, runs, Path(args.dense), args.data, ROWS, args.workers)}
+    entries = [{"name": r.name, "nodes": 2, "ratio": done[r.name]["ratio"], "selection": r.selection, "lr": r.lr,
+                "distill": r.distill, "epochs": args.epochs, "map": done[r.name]["map"], "map50": done[r.name]["map50"]}
+               for r in ROWS]
     dense = json.loads((Path(args.dense).with_suffix(".json")).read_text())
     entries.insert(0, {"name": "dense", "nodes": 1, "ratio": 1.0, "map": dense["map"], "map50": dense["map50"]})
     out = Path(args.results) / "det_ssd_lr.json"

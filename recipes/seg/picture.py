@@ -6,11 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import save_figure  # noqa: E402
+
 PANELS = (("dense", "dense"), ("n2_r0.1", "DISCO N=2, r=0.1"), ("n2_r0", "separated N=2 (r=0)"))
 # SegNet's display colours for classes 0..10; void (ignored) is black
 PALETTE = torch.tensor([(128, 128, 128), (128, 0, 0), (192, 192, 128), (128, 64, 128), (60, 40, 222),
@@ -59,12 +63,7 @@ def make_picture(runs: str | Path, data: str | Path, out: str | Path, index: int
         ax.imshow(img.numpy())
         ax.set_title(title, fontsize=8)
         ax.axis("off")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=120)
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import sparsify_run  # noqa: E402
+from common import sparsify_cached  # noqa: E402
 
 DENSE = ROOT / "src" / "disco" / "assets" / "cifar_resnet20_dense.safetensors"
 SETTINGS = [(4, 0.1), (2, 0.1), (4, 0.05), (2, 0.05)]  # (nodes, ratio), the target setting first
@@ -44,14 +44,14 @@ def main() -> None:
     runs.mkdir(parents=True, exist_ok=True)
     settings = [(int(n), float(r)) for n, r in (s.split(":") for s in a.settings.split(","))]
     subset = a.train_subset or None
-    flags = ["--distill", str(a.distill), *(["--train-subset", str(subset)] if subset else [])]
     for nodes, ratio in settings:
         for seed in (int(s) for s in a.seeds.split(",")):
             for sel in a.selections.split(","):
                 name = f"n{nodes}_r{ratio}_{a.budget}_{sel}_e{a.epochs}_sub{subset or 'all'}_s{seed}"
-                sparsify_run(runs, DENSE, a.data, name, nodes, ratio, a.epochs, [*flags, "--seed", str(seed)],
-                             budget=a.budget, selection=sel, threads=a.threads, seed=seed, train_subset=subset,
-                             distill=a.distill)
+                config = {"nodes": nodes, "ratio": ratio, "epochs": a.epochs, "budget": a.budget, "selection": sel,
+                          "seed": seed, "train_subset": subset, "distill": a.distill}
+                sparsify_cached(runs, DENSE, a.data, name, config, a.threads, seed=seed, train_subset=subset,
+                                distill=a.distill)
                 collect(runs, Path(a.result))
 
 

@@ -6,11 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import save_figure  # noqa: E402
+
 PANELS = (("dense", "dense"), ("n2_r0.1", "DISCO N=2, r=0.1"), ("n2_r0", "separated N=2 (r=0)"))
 
 
@@ -58,12 +62,7 @@ def make_picture(runs: str | Path, data: str | Path, out: str | Path, image: str
             axes[1, k].imshow(img[0, :, y:y + size, x:x + size].permute(1, 2, 0).numpy(), interpolation="nearest")
             axes[1, k].axis("off")
     fig.suptitle(f"Set14 '{image}', x{scale}", fontsize=9)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=130)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 The public API (see :mod:`disco.api`): :func:`partition`, :class:`DiscoModel`, :func:`select_links`,
 :func:`estimate`, :func:`sparsify_model` (with :class:`SparsifyConfig`, :class:`Loaders`), :func:`export`
-and :func:`run`; with files: :func:`train`, :func:`sparsify_checkpoint` and :func:`evaluate`. They are
+and :func:`run`; with files: :func:`train_checkpoint`, :func:`sparsify_checkpoint` and :func:`evaluate`. They are
 imported on first use, so ``import disco`` stays light.
 """
 
@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = ["CostReport", "DiscoModel", "Loaders", "Partition", "SparsifyConfig", "__version__", "estimate",
-           "evaluate", "export", "partition", "run", "select_links", "sparsify_checkpoint", "sparsify_model", "train"]
+           "evaluate", "export", "partition", "run", "select_links", "sparsify_checkpoint", "sparsify_model",
+           "train_checkpoint"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import (
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
         select_links,
         sparsify_checkpoint,
         sparsify_model,
-        train,
+        train_checkpoint,
     )
 
 

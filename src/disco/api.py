@@ -32,7 +32,7 @@ from .tasks import Task
 log = logging.getLogger(__name__)
 
 __all__ = ["CostReport", "DiscoModel", "Loaders", "Partition", "SparsifyConfig", "estimate", "evaluate", "export",
-           "partition", "run", "select_links", "sparsify_checkpoint", "sparsify_model", "train"]
+           "partition", "run", "select_links", "sparsify_checkpoint", "sparsify_model", "train_checkpoint"]
 
 
 def partition(model: nn.Module, example: Tensor | tuple[int, ...], nodes: int,
@@ -119,10 +119,10 @@ def sparsify_model(model: nn.Module, task_or_loaders: str | Task | Loaders, conf
     return dm, result
 
 
-def train(task: str, data: str | Path, out: str | Path, *, model: str | None = None, weights: str | Path | None = None,
-          epochs: int = 30, lr: float | None = None, weight_decay: float | None = None, optimizer: str | None = None,
-          batch_size: int = 128, limit: int | None = None, seed: int = 0,
-          eval_every: bool = False) -> dict[str, Any]:
+def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str | None = None,
+                     weights: str | Path | None = None, epochs: int = 30, lr: float | None = None,
+                     weight_decay: float | None = None, optimizer: str | None = None, batch_size: int = 128,
+                     limit: int | None = None, seed: int = 0, eval_every: bool = False) -> dict[str, Any]:
     """Train a dense model of a registered ``task`` on the dataset folder ``data`` into the checkpoint ``out``
     (the starting point of DISCO; resumable: ``OUT.state.pt`` is written after every epoch).
 
@@ -180,7 +180,7 @@ def evaluate(checkpoint: str | Path, data: str | Path, *, batch_size: int = 500,
 def sparsify_checkpoint(checkpoint: str | Path, data: str | Path, out: str | Path,
                         config: SparsifyConfig | None = None) -> dict[str, Any]:
     """:func:`sparsify_model` from a dense checkpoint of a registered task into the DISCO checkpoint ``out``
-    (resumable, like :func:`train`); returns the result entry (achieved ratio, metrics, cost)."""
+    (resumable, like :func:`train_checkpoint`); returns the result entry (achieved ratio, metrics, cost)."""
     from .sparsify.run import sparsify
 
     return sparsify(checkpoint, str(data), out, config or SparsifyConfig())

@@ -24,12 +24,12 @@ def _threads(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .api import train
+    from .api import train_checkpoint
     from .validate import prepare_output
 
-    res = train(args.task, args.data, prepare_output(args.out), model=args.model, weights=args.weights,
-                epochs=args.epochs, lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer,
-                batch_size=args.batch_size, limit=args.limit, seed=args.seed, eval_every=args.eval_every)
+    res = train_checkpoint(args.task, args.data, prepare_output(args.out), model=args.model, weights=args.weights,
+                           epochs=args.epochs, lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer,
+                           batch_size=args.batch_size, limit=args.limit, seed=args.seed, eval_every=args.eval_every)
     print(json.dumps(res))
     return 0
 
