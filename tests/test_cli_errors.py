@@ -203,3 +203,36 @@ def test_broken_pipe_ends_quietly():
         os.close(w)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_cifar(tmp_path_factory):
+    import pickle
+
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = rng.integers(0, 10, 8)
+        data = rng.integers(0, 255, (8, 3 * 32 * 32), dtype=np.uint8)
+        with open(root / name, "wb") as f:
+            pickle.dump({"data": data, "labels": labels.tolist()}, f)
+    return root.parent
+
+
+def test_train_creates_runs_and_announces_the_skip(tiny_cifar, tmp_path, monkeypatch, caplog):
+    """``--out runs/x`` works without runs/; started again, train says it does not train again."""
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--data", str(tiny_cifar), "--model", "cifar_resnet8", "--epochs", "1", "--batch-size", "8",
+            "--out", "runs/dense.safetensors"]
+    assert main(argv) == 0
+    assert (tmp_path / "runs" / "dense.safetensors").is_file()
+    caplog.clear()
+    assert main(argv) == 0
+    notes = [r for r in caplog.records if r.name == "disco.notice"]
+    assert notes and "not training again" in notes[0].getMessage()
+    assert logging.getLogger("disco.notice").getEffectiveLevel() <= logging.INFO  # shown without -v
