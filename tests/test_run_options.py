@@ -60,3 +60,26 @@ def test_first_reason_first_and_each_reason_once() -> None:
            1: "", 2: "disco node 2: error: lost rank 1: no heartbeat for 4.0 s\n"}
     msg = failure_message([2, 0], {0: 3, 1: -9, 2: 3}, err, {1: "stopped"})
     assert msg == "node 2: lost rank 1: no heartbeat for 4.0 s; node 1 (stopped) was ended by the launcher"
+
+
+def test_a_stream_settles_its_sends() -> None:
+    """The leader's sends are completed and dropped once their inference is back (bounded memory)."""
+    from disco.runtime.transport import DistTransport
+
+    class Work:
+        waited = 0
+
+        def wait(self) -> None:
+            Work.waited += 1
+
+    tr = DistTransport(0, 2)
+    for k in range(5):
+        tr._works.append((Work(), 1, bytes(k)))
+    m = tr.mark()
+    tr._works.append((Work(), 1, b""))
+    tr.settle(m)
+    assert len(tr._works) == 1 and Work.waited == 5 and tr.mark() == 6
+    tr.settle(m)  # nothing more before that mark
+    assert len(tr._works) == 1
+    tr.flush()
+    assert tr._works == [] and Work.waited == 6 and tr.mark() == 6

@@ -145,6 +145,18 @@ def _report_progress(f: Path, progress: Callable[[int, int], None]) -> None:
     progress(done, total)
 
 
+def _end_lost(first: int, procs: dict[int, subprocess.Popen], errs: dict[int, Any], killed: dict[int, str]) -> None:
+    """The first failing node named a lost rank: end that one at once (stopped or hung, it cannot recover)."""
+    errs[first].flush()
+    errs[first].seek(0)
+    m = re.search(r"lost rank (\d+)", node_reason(errs[first].read(), procs[first].returncode))
+    errs[first].seek(0, 2)
+    r = int(m.group(1)) if m else None
+    if r is not None and r in procs and procs[r].poll() is None:
+        killed[r] = "stopped" if _state(procs[r].pid) == "T" else "running"
+        procs[r].kill()
+
+
 def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None, port: int | None = None,
            timeout: float = 600.0, grace: float | None = None, ranks: list[int] | None = None,
            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -183,11 +195,12 @@ def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None
             first_fail: float | None = None
             while True:
                 codes = {r: p.poll() for r, p in procs.items()}
-                order += [r for r, c in codes.items() if c not in (None, 0) and r not in order]
+                order += [r for r, c in codes.items() if c not in (None, 0) and r not in order and r not in killed]
                 if all(c is not None for c in codes.values()):
                     break
                 if first_fail is None and order:
                     first_fail = time.monotonic()
+                    _end_lost(order[0], procs, errs, killed)
                 now = time.monotonic()
                 if now > deadline or (first_fail is not None and now - first_fail > grace):
                     log.info("ending nodes still running after %s", "a failure" if first_fail else "the timeout")
@@ -202,7 +215,7 @@ def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None
             interrupted = True
             raise
         finally:
-            killed = _stop(procs, polite=interrupted)
+            killed.update(_stop(procs, polite=interrupted))
             for f in errs.values():
                 f.flush()
         codes_d = {r: procs[r].returncode for r in ranks}

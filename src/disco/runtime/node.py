@@ -184,8 +184,10 @@ def _wait_keys(store: DeadlineStore, keys: list[str], timeout: float, what: str)
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise RunFailure(f"{what}: {', '.join(missing)} not there after {timeout:.0f} s "
-                             f"(missing peer, or a peer without this run's {TOKEN_ENV}?)")
+            ranks = sorted({k.rsplit("/", 1)[-1] for k in missing})
+            raise RunFailure(f"{what}: no word from rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} "
+                             f"({', '.join(missing)} not there after {timeout:.0f} s: missing or stopped peer, "
+                             f"or a peer without this run's {TOKEN_ENV}?)")
         time.sleep(0.05)
 
 
@@ -300,7 +302,11 @@ def _die(rank: int, why: str, store: DeadlineStore | None) -> None:
 def _inject(opts: RunOptions, rank: int) -> None:
     """Fault injection: this process sends itself SIGKILL or SIGSTOP, saying when on stderr."""
     sig = signal.Signals["SIG" + opts.fail_signal.upper().removeprefix("SIG")]
-    print(f"disco node {rank}: fault injection: {sig.name} at {time.time():.3f}", file=sys.stderr, flush=True)
+    now = time.time()
+    print(f"disco node {rank}: fault injection: {sig.name} at {now:.3f}", file=sys.stderr, flush=True)
+    if os.environ.get("DISCO_FAULT_LOG"):  # bench/faults.py times the exit from here
+        with open(os.environ["DISCO_FAULT_LOG"], "a") as f:
+            f.write(f"{now:.3f}\n")
     os.kill(os.getpid(), sig)
 
 
@@ -451,12 +457,22 @@ def _run_data(opts: RunOptions, man: dict[str, Any], ex: Any, store: DeadlineSto
     return {"task": task.name, **metrics, "n": len(batches) * b}
 
 
+def rss_mb() -> float:
+    """This process's resident memory now (MB), from /proc (0 where there is none)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _timed(opts: RunOptions, ex: Any, tr: Any, inputs: list[torch.Tensor] | None, rank: int
-           ) -> tuple[list[float], Any, dict[str, int], float | None]:
-    """Warm-up and timed inferences, then the stream: latencies, first output, per-inference counters."""
+           ) -> tuple[list[float], Any, dict[str, int], float | None, list[float]]:
+    """Warm-up and timed inferences, then the stream: latencies, first output, per-inference counters,
+    the stream's seconds and this node's RSS (MB) sampled 40 times along the stream."""
     lat: list[float] = []
     first = None
     per_inf: dict[str, int] = {}
+    k = 0
     for k in range(opts.warmup + opts.iters):
         if opts.fail_rank == rank and opts.fail_at == "run" and k == opts.fail_after:
             _inject(opts, rank)
@@ -466,20 +482,28 @@ def _timed(opts: RunOptions, ex: Any, tr: Any, inputs: list[torch.Tensor] | None
         if k == 0:
             first = out
             per_inf = tr.counters()
-    stream_s = None
+    stream_s, rss = None, []
     if opts.stream > 0:
         tr.flush()
+        every = max(1, opts.iters // 40)
         t0 = time.perf_counter()
         futs: list[Any] = []
-        for _ in range(opts.iters):
-            futs.append(ex.start(inputs, flush=rank != 0))
+        for i in range(opts.iters):
+            if opts.fail_rank == rank and opts.fail_at == "stream" and i == opts.fail_after:
+                _inject(opts, rank)
+            futs.append((ex.start(inputs, flush=rank != 0), tr.mark()))
             if len(futs) > opts.stream:
-                futs.pop(0)()
-        for f in futs:
-            f()
+                finish, mark = futs.pop(0)
+                finish()  # its output is back: every send of that inference was received
+                tr.settle(mark)
+            if i % every == 0:
+                rss.append(round(rss_mb(), 2))
+        for finish, _ in futs:
+            finish()
         tr.flush()
         stream_s = time.perf_counter() - t0
-    return lat, first, per_inf, stream_s
+        rss.append(round(rss_mb(), 2))
+    return lat, first, per_inf, stream_s, rss
 
 
 def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = None, world: int | None = None,
@@ -526,7 +550,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
     try:
         data_metrics = _run_data(opts, man, ex, store, rank) if opts.data else None
         tr.reset_counters()  # the report's byte counts are per inference
-        lat, first, per_inf, stream_s = _timed(opts, ex, tr, inputs, rank)
+        lat, first, per_inf, stream_s, rss = _timed(opts, ex, tr, inputs, rank)
     except (PeerError, RunFailure) as e:
         wd.stop.set()
         _die(rank, str(e), wd.store)
@@ -536,6 +560,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
         raise
     tr.close()
     stats = {"rank": rank, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             "rss_mb_stream": rss,
              "weight_bytes": state.weight_bytes,
              "params": int(sum(s["params"] for s in man["shards"] if s["rank"] == rank)),
              **{k: per_inf.get(k, 0) for k in ("payload_bytes", "overhead_bytes", "other_bytes", "stats_bytes",
@@ -581,6 +606,7 @@ def _report(opts: RunOptions, man: dict[str, Any], codec: Any, link: Any, lat: l
         "bytes_stats_predicted": int(man.get("stats_bytes", 0)),
         "max_rel_err_vs_single_process": None if ref is None else compare_reference(first, ref),
         "peak_rss_mb_per_node": [s["peak_rss_mb"] for s in all_stats],
+        "rss_mb_stream_per_node": [s["rss_mb_stream"] for s in all_stats],
         "weight_bytes_per_node": [s["weight_bytes"] for s in all_stats],
         "params_per_node": [s["params"] for s in all_stats], "params_dense": man["params_dense"],
         "messages_per_inference": int(sum(s["messages"] for s in all_stats)),

@@ -38,7 +38,8 @@ class RunOptions:
     startup_timeout: float = _opt(20.0, "seconds for all nodes to join", float)
     threads: int = _opt(1, "torch threads per node", int)
     # fault injection (tests, bench/faults.py): rank ``fail_rank`` sends itself ``fail_signal`` (KILL or STOP)
-    # after ``fail_after`` inferences, or at start-up (``fail_at="startup"``: right after joining the store)
+    # after ``fail_after`` inferences (``fail_at="run"``) or streamed inferences (``"stream"``), or at start-up
+    # (``"startup"``: right after joining the store)
     fail_rank: int | None = _opt(None, argparse.SUPPRESS, int)
     fail_after: int = _opt(1, argparse.SUPPRESS, int)
     fail_signal: str = _opt("KILL", argparse.SUPPRESS, str)

@@ -201,6 +201,13 @@ class BaseTransport:
     def _wait_sends(self) -> None:
         pass
 
+    def mark(self) -> int:
+        """A position in this node's sends, for :meth:`settle` (transports that keep no send state: 0)."""
+        return 0
+
+    def settle(self, upto: int) -> None:
+        """Complete the sends before ``mark`` ``upto`` and drop their buffers (no-op here)."""
+
     # pacing
     def _pace_loop(self) -> None:
         while True:
@@ -329,6 +336,7 @@ class DistTransport(BaseTransport):
 
     def __init__(self, rank: int, nodes: int, **kw: Any) -> None:
         self._works: list[Any] = []
+        self._settled = 0  # sends completed and dropped so far
         self._lock = threading.Lock()
         super().__init__(rank, nodes, **kw)
 
@@ -338,16 +346,6 @@ class DistTransport(BaseTransport):
         w = dist.isend(buf, dst, tag=tag)
         with self._lock:
             self._works.append((w, dst, buf))
-            done = self._reap()
-        self._check(done)
-
-    def _reap(self) -> list[Any]:
-        """Drop the sends that completed (oldest first): a stream that never flushes stays bounded."""
-        k = 0
-        while k < len(self._works) and self._works[k][0].is_completed():
-            k += 1
-        done, self._works = self._works[:k], self._works[k:]
-        return done
 
     @staticmethod
     def _check(works: list[Any]) -> None:
@@ -356,6 +354,21 @@ class DistTransport(BaseTransport):
                 w.wait()
             except Exception as e:
                 raise PeerError(dst, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+    def mark(self) -> int:
+        """How many sends were posted so far (for :meth:`settle`)."""
+        with self._lock:
+            return self._settled + len(self._works)
+
+    def settle(self, upto: int) -> None:
+        """Complete the first ``upto`` posted sends and drop their buffers. A stream that never flushes calls
+        this once an inference's output is back (its sends were all received), so memory stays bounded
+        (gloo marks a send complete only when it is waited for)."""
+        with self._lock:
+            k = max(0, min(len(self._works), upto - self._settled))
+            done, self._works = self._works[:k], self._works[k:]
+            self._settled += k
+        self._check(done)
 
     def _post_recv(self, nbytes: int, src: int, tag: int) -> Callable[[], Tensor]:
         import torch.distributed as dist
@@ -372,4 +385,5 @@ class DistTransport(BaseTransport):
     def _wait_sends(self) -> None:
         with self._lock:
             works, self._works = self._works, []
+            self._settled += len(works)
         self._check(works)
