@@ -702,6 +702,39 @@ def plot_latency(data: dict, plot: Path) -> None:
 ALL = tuple(HEADLINE)  # a renderer over several results files gets {name: entries}
 
 # page marker -> (results JSON name(s), table renderer)
+# ---- reliability (bench/faults.py, bench/soak.py): docs/faults.md ------------------------------------------------
+
+def faults_table(data: dict) -> str:
+    """One row per fault case: exit code, seconds to the message and to the exit, the message, leftovers."""
+    rows = [f"Every run: `--timeout {data['timeout_s']:g}`, {data['model']} over {data['nodes']} nodes "
+            f"(`{data['command'].strip()}`). Seconds count from the fault (from the start for refusals); "
+            "\"exit\" adds the launcher's own interpreter teardown.", "",
+            "| case | exit code (expected) | s to message | s to exit | message | leftovers (processes, files) |",
+            "|" + "---|" * 6]
+    for c in data["cases"]:
+        msg = c["message"].replace("|", "\\|")
+        msg = msg if len(msg) <= 160 else msg[:157] + "..."
+        code = f"{c['exit_code']}" + ("" if c["exit_code"] == c["expected"] else f" ({c['expected']}!)")
+        rows.append(f"| {c['what']} | {code} | {c['seconds']:.1f} | {c['seconds_to_exit']:.1f} | {msg} | "
+                    f"{c['leftover_processes']}, {c['leftover_files']} |")
+    bad = [c["case"] for c in data["cases"] if not c["ok"]]
+    rows += ["", f"{len(data['cases']) - len(bad)} of {len(data['cases'])} cases as expected"
+             + (f"; not: {', '.join(bad)}" if bad else "") + "."]
+    return "\n".join(rows)
+
+
+def soak_table(data: dict) -> str:
+    """Per node: RSS after warm-up and at the end of a long stream, the largest deviation and the slope."""
+    rows = [f"{data['inferences']} inferences, `--stream {data['stream']}`, {data['model']} over {data['nodes']} "
+            f"nodes (`{data['command']}`); the first {data['warmup_fraction']:.0%} of the stream is warm-up.", "",
+            "| node | RSS after warm-up (MB) | RSS at the end (MB) | largest deviation | growth per inference | "
+            f"within {data['tolerance']:.0%} |", "|" + "---|" * 6]
+    for j, n in enumerate(data["per_node"]):
+        rows.append(f"| {j} | {n['rss_mb_after_warmup']:.1f} | {n['rss_mb_end']:.1f} | {n['max_deviation_pct']:.2f}% "
+                    f"| {n['growth_kb_per_inference']:+.3f} KB | {'yes' if n['flat'] else 'no'} |")
+    return "\n".join(rows)
+
+
 TABLES = {
     "cifar10_resnet": ("cifar10_resnet", cifar10_resnet),
     "cifar10_summary": ("cifar10_resnet", cifar10_summary),
@@ -725,6 +758,8 @@ TABLES = {
     "latency_short": ("latency", latency_short),
     "latency_bench": ("latency", latency_bench),
     "headline": (ALL, headline),
+    "faults": ("faults", faults_table),
+    "soak": ("soak", soak_table),
 }
 # results JSON name -> plot written next to it as NAME.png
 PLOTS = {"cifar10_resnet": plot_cifar10, "cifar10_vit": plot_cifar10_vit, "sr_rrdbnet": plot_sr,
