@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from disco.graph import partition
+from disco.graph.ops import ConvRule, ConvTransposeRule, LinearRule
 from disco.graph.registry import module_rule
-from disco.graph.rules import ConvRule, ConvTransposeRule, LinearRule
 
 
 @pytest.mark.parametrize("module", [

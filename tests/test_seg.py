@@ -19,7 +19,7 @@ from disco.cost import estimate
 from disco.data.seg import IGNORE, SegEvalSet, SegTrainLoader, find_layout, read_pair, split_pairs
 from disco.graph import partition
 from disco.graph.capture import capture
-from disco.graph.rules import Local
+from disco.graph.ops import Local
 from disco.masks import DiscoModel
 from disco.models import build_model
 from disco.runtime.export import export

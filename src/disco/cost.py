@@ -14,6 +14,10 @@ Conventions (all figures are for the partition's input shape, batch included):
   owner; any other parameter (and those of replicated tensors) counts on every node.
 * peak activation memory: a liveness walk over the graph per node: its own channels
   of each tensor plus the channels it received, freed after their last local use.
+
+Each op kind says what it costs (:meth:`~disco.graph.ops.base.Rule.cost`,
+:meth:`~disco.graph.ops.mixing.Mixing.layer_cost`, :meth:`~disco.graph.ops.base.Rule.shard_tensor`);
+this module walks the ops and adds them up.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import numpy as np
 
 from .graph import REPLICATED, Partition
 from .graph.capture import shape_of
-from .graph.rules import Mixing
+from .graph.liveness import liveness
+from .graph.ops import OpCost
 
 
 @dataclass
@@ -69,19 +74,6 @@ class CostReport:
         return d
 
 
-def _connections(part: Partition, kept: np.ndarray) -> list[np.ndarray]:
-    """Per mixing layer: [N] number of weight connections (o, i) each node computes."""
-    out = []
-    for ly in part.layers:
-        per_row = ly.connection_mask(kept).sum(1)
-        out.append(np.bincount(ly.out_owner, weights=per_row, minlength=part.nodes).astype(np.int64))
-    return out
-
-
-def _dense_connections(part: Partition) -> list[int]:
-    return [int(ly.structure().sum()) for ly in part.layers]
-
-
 def link_senders(part: Partition) -> np.ndarray:
     """[n_links]: the node that owns (and sends) each link's channel."""
     lk = part.links
@@ -100,32 +92,31 @@ def bytes_per_node(part: Partition, kept: np.ndarray, bytes_per_value: int = 4) 
     return sent.astype(np.int64).tolist(), recv.astype(np.int64).tolist()
 
 
-def params_per_node(part: Partition, kept: np.ndarray) -> list[int]:
-    """Weights each node's shard holds (the same accounting as the exported shards)."""
+def _layer_costs(part: Partition, kept: np.ndarray) -> list[OpCost]:
+    return [ly.rule.layer_cost(ly, ly.view(part.gm), kept, part.nodes) for ly in part.layers]
+
+
+def params_per_node(part: Partition, kept: np.ndarray, layer_costs: list[OpCost] | None = None) -> list[int]:
+    """Weights each node's shard holds (the same accounting as the exported shards): mixing layers by
+    their op kind, a module's other tensors by its op's shard slicing, parameters read with get_attr
+    everywhere."""
     n = part.nodes
     per = np.zeros(n, dtype=np.int64)
     counted: set[int] = set()
-    for ly in part.layers:
-        m = ly.view(part.gm)
-        w_size = math.prod(m.weight.shape[2:]) if m.weight.dim() > 2 else 1
-        conns = ly.connection_mask(kept).sum(1).astype(np.int64) * w_size
-        per += np.bincount(ly.out_owner, weights=conns, minlength=n).astype(np.int64)
-        if m.bias is not None:
-            per += np.bincount(ly.out_owner, minlength=n).astype(np.int64)
-        counted.update(id(p) for p in m.parameters())
+    for ly, c in zip(part.layers, layer_costs or _layer_costs(part, kept), strict=True):
+        per += c.params
+        counted.update(id(p) for p in ly.view(part.gm).parameters())
     for node in part.gm.graph.nodes:
         if node.op != "call_module":
             continue
         m = part.gm.get_submodule(node.target)
+        op = part.op(node.name)
         owner = part.owner.get(node.name)
-        for p in m.parameters(recurse=False):
+        for name, p in m.named_parameters(recurse=False):
             if id(p) in counted:
                 continue
             counted.add(id(p))
-            if owner is not None and p.dim() >= 1 and p.shape[0] == len(owner) and (owner != REPLICATED).all():
-                per += np.bincount(owner, minlength=n).astype(np.int64) * (p.numel() // p.shape[0])
-            else:
-                per += p.numel()
+            per += np.array([op.shard_tensor(m, name, p, owner, j).numel() for j in range(n)], dtype=np.int64)
     for p in part.gm.parameters():  # parameters not used by a module call (get_attr): everywhere
         if id(p) not in counted:
             per += p.numel()
@@ -139,15 +130,14 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
     gm = part.gm
     by_name = {nd.name: nd for nd in gm.graph.nodes}
 
-    # ---- FLOPs
+    # ---- FLOPs: each op's own cost
     flops = np.zeros(n, dtype=np.int64)
-    conns = _connections(part, kept)
-    dense_conns = _dense_connections(part)
+    layer_costs = _layer_costs(part, kept)
     layer_rows: list[LayerCost] = []
     first_consumer: set[int] = set()
     link_t = part.links.tensor
-    for ly, c, dc in zip(part.layers, conns, dense_conns, strict=True):
-        flops += 2 * ly.macs_per_connection * c
+    for ly, c in zip(part.layers, layer_costs, strict=True):
+        flops += c.flops
         ids = np.unique(ly.col_link[ly.col_link >= 0])
         new = np.array([i for i in ids.tolist() if i not in first_consumer], dtype=np.int64)
         first_consumer.update(new.tolist())
@@ -158,21 +148,17 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
             kept=int(kept[ids].sum()) if len(ids) else 0,
             dense_bytes=int(vals[new].sum()) * bytes_per_value if len(new) else 0,
             bytes=int(vals[new][kept[new]].sum()) * bytes_per_value if len(new) else 0,
-            flops_dense=2 * ly.macs_per_connection * dc, flops=int(2 * ly.macs_per_connection * c.sum()),
+            flops_dense=c.flops_dense, flops=int(c.flops.sum()),
         ))
     flops_dense = sum(r.flops_dense for r in layer_rows)
+    stats_values = 0
     for node in gm.graph.nodes:
         rule = part.rules.get(node.name)
-        own = part.owner.get(node.name)
-        if rule is None or isinstance(rule, Mixing) or rule.kind in ("view", "static") or own is None:
-            continue
-        shp = shape_of(node)
-        per_ch = math.prod(shp) // len(own)
-        first = next((a for a in node.all_input_nodes if part.owner.get(a.name) is not None), None)
-        fpe = rule.flops_per_element(shape_of(first) if first is not None else None, shp)
-        counts = np.full(n, len(own)) if (own == REPLICATED).all() else np.bincount(own[own >= 0], minlength=n)
-        flops += (counts * per_ch * fpe).astype(np.int64)
-        flops_dense += int(math.prod(shp) * fpe)
+        c = rule.cost(part, node) if rule is not None else None
+        if c is not None:
+            flops += c.flops
+            flops_dense += c.flops_dense
+            stats_values += c.stats_values
 
     # ---- bytes
     input_bytes = sum(math.prod(shape_of(nd)) for nd in gm.graph.nodes
@@ -186,13 +172,6 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
                     output_bytes += int(((own != 0) & (own != REPLICATED)).sum()) * (
                         math.prod(shape_of(a)) // len(own))
 
-    stats_values = 0
-    for nd in gm.graph.nodes:
-        rule, own = part.rules.get(nd.name), part.owner.get(nd.name)
-        if rule is not None and rule.kind == "reduce" and own is not None and not (own == REPLICATED).all():
-            positions = math.prod(shape_of(nd)) // len(own)
-            stats_values += getattr(rule, "stats", 2) * positions * n * (n - 1)
-
     # ---- memory
     peak = _peak_memory(part, kept, bytes_per_value)
     sent, received = bytes_per_node(part, kept, bytes_per_value)
@@ -204,7 +183,7 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
         stats_bytes=stats_values * 4,
         flops_dense=int(flops_dense), flops_total=int(flops.sum()), flops_per_node=flops.tolist(),
         params_dense=sum(p.numel() for p in part.gm.parameters()),
-        params_per_node=params_per_node(part, kept), peak_activation_bytes_per_node=peak,
+        params_per_node=params_per_node(part, kept, layer_costs), peak_activation_bytes_per_node=peak,
         bytes_per_value=bytes_per_value, layers=layer_rows, bytes_sent_per_node=sent,
         bytes_received_per_node=received, shares=list(part.shares) if part.shares else None,
     )
@@ -212,20 +191,12 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
 
 def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:
     n = part.nodes
-    gm = part.gm
-    nodes = list(gm.graph.nodes)
-    order = {nd: k for k, nd in enumerate(nodes)}
-    last_use = {nd: max((order[u] for u in nd.users), default=order[nd]) for nd in nodes}
-    # received channel planes per (base tensor, receiver) and when they are last needed
+    nodes = list(part.gm.graph.nodes)
+    live_at = liveness(part)
+    # received channel planes per (base tensor, receiver), freed after the last mixing op reading them
     recv = np.zeros((len(part.link_tensors), n), dtype=np.int64)
     np.add.at(recv, (part.links.tensor[kept], part.links.receiver[kept]), part.links.values[kept])
     tensor_idx = {name: k for k, name in enumerate(part.link_tensors)}
-    recv_last: dict[str, int] = {}
-    by_name = {nd.name: nd for nd in nodes}
-    for ly in part.layers:
-        t_names = {part.link_tensors[t] for t in part.links.tensor[np.unique(ly.col_link[ly.col_link >= 0])]}
-        for t in t_names:
-            recv_last[t] = max(recv_last.get(t, 0), order[by_name[ly.node]])
     peaks = []
     for j in range(n):
         live = 0
@@ -238,11 +209,13 @@ def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:
                 per_ch = math.prod(shape_of(nd)) // max(1, len(own))
                 size = int(((own == j) | (own == REPLICATED)).sum()) * per_ch * bpv
                 live += size
-                frees[last_use[nd]] = frees.get(last_use[nd], 0) + size
+                last = live_at.last_use[nd.name]
+                frees[last] = frees.get(last, 0) + size
                 if nd.name in tensor_idx:
                     r = int(recv[tensor_idx[nd.name], j]) * bpv
                     live += r
-                    frees[recv_last.get(nd.name, k)] = frees.get(recv_last.get(nd.name, k), 0) + r
+                    until = live_at.received_until.get(nd.name, k)
+                    frees[until] = frees.get(until, 0) + r
             peak = max(peak, live)
             live -= frees.pop(k, 0)
         peaks.append(peak)

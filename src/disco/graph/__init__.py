@@ -1,6 +1,6 @@
 """Graph capture, op rules and partitioning."""
 
-from . import attention  # noqa: F401  (registers the attention decompositions and rule)
+from . import ops  # noqa: F401  (registers every op kind)
 from .errors import UnsupportedOpError
 from .partition import REPLICATED, Links, MixingLayer, Partition, partition, split_owner
 

@@ -21,12 +21,12 @@ from torch import fx, nn
 
 from .capture import capture, shape_of
 from .errors import UnsupportedOpError, describe, unsupported
+from .ops.base import REPLICATED, Rule, local_index, tensor_args
+from .ops.mixing import Mixing, WeightView
+from .ops.views import GATHER
 from .registry import rule_for, uncovered_base
-from .rules import Mixing, Rule, WeightView, tensor_args
 
 log = logging.getLogger(__name__)
-
-REPLICATED = -1  # owner of a channel that every node holds (the input image)
 
 
 class _UnionFind:
@@ -103,8 +103,6 @@ class Builder:
         """``node``'s channels are channels ``idx`` of ``src`` (a selection or permutation, no compute): a
         node runs it as an index selection on its local channels. ``split``: the sizes of the dims its
         channels span when they span several (a channel shuffle's intermediate view)."""
-        from .rules import GATHER
-
         self.set_view(node, [(src, np.asarray(idx, dtype=np.int64))], cdim)
         self.gathers[node] = (src, np.asarray(idx, dtype=np.int64))
         if split is not None and len(split) > 1:
@@ -179,6 +177,7 @@ class MixingLayer:
     groups: int = 1
     param: str = "weight"  # the attribute of module ``name`` that holds the weight ...
     bias: str | None = "bias"  # ... and the bias
+    in_owner: np.ndarray | None = field(default=None, repr=False)  # [I] owner of each input channel
 
     LOCAL: int = -1
     UNREAD: int = -2
@@ -209,6 +208,46 @@ class MixingLayer:
         """[O, I] bool: where output o may read input i (structure and kept links)."""
         allow = self.allowed(kept)[self.out_owner]
         return allow if self.groups == 1 else allow & self.structure()
+
+    @property
+    def depthwise(self) -> bool:
+        """One input channel per group, and the input split over the ranks (not the replicated image)."""
+        return self.col_link.shape[1] // self.groups == 1 and not (self.in_owner == REPLICATED).all()
+
+    def blocks(self, kept: np.ndarray, rank: int) -> list[WeightBlock]:
+        """The weight blocks rank ``rank`` computes with links ``kept``: per group holding some of its output
+        rows, those rows x (the local input columns, the received ones). A depthwise layer is one block.
+        The one walk over a layer's blocks: the node plans, the shards and the cost model all use it."""
+        rows = np.nonzero(self.out_owner == rank)[0]
+        if self.depthwise:
+            return [WeightBlock(0, rows, local_index(self.in_owner, rank), np.zeros(0, dtype=np.int64), True)]
+        cl = self.col_link[rank]
+        allowed = self.allowed(kept)[rank]
+        og, ig = len(self.out_owner) // self.groups, self.col_link.shape[1] // self.groups
+        out = []
+        for k in range(self.groups):
+            r = rows[(rows >= k * og) & (rows < (k + 1) * og)]
+            if len(r):
+                cols = np.arange(k * ig, (k + 1) * ig)
+                out.append(WeightBlock(k, r, cols[cl[cols] == self.LOCAL], cols[(cl[cols] >= 0) & allowed[cols]]))
+        return out
+
+
+@dataclass
+class WeightBlock:
+    """One block of a mixing layer's weight on one rank: output rows x (local columns, received columns),
+    all global channel indices within group ``group``."""
+
+    group: int
+    rows: np.ndarray
+    local: np.ndarray
+    received: np.ndarray
+    depthwise: bool = False  # rows x their own input channel (``local``), one weight per row
+
+    @property
+    def connections(self) -> int:
+        """(output, input) pairs the block computes."""
+        return len(self.rows) if self.depthwise else len(self.rows) * (len(self.local) + len(self.received))
 
 
 @dataclass
@@ -247,6 +286,10 @@ class Partition:
     def n_links(self) -> int:
         return len(self.links)
 
+    def op(self, name: str) -> Rule:
+        """The op kind of fx node ``name`` (a plain :class:`Rule` for values without one)."""
+        return self.rules.get(name) or _NO_RULE
+
     def layer(self, name: str) -> MixingLayer:
         """The mixing layer with module path or :attr:`MixingLayer.key` ``name``."""
         for ly in self.layers:
@@ -284,6 +327,9 @@ class Partition:
 
     def no_links(self) -> np.ndarray:
         return np.zeros(self.n_links, dtype=bool)
+
+
+_NO_RULE = Rule()
 
 
 def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: int,
@@ -450,6 +496,6 @@ def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,A
         layers.append(MixingLayer(
             name=module.path, node=node.name, rule=rule, input=x.name, out_owner=out_owner, col_link=col_link,
             macs_per_connection=rule.macs_per_connection(b, node, x, module), groups=g, param=module.param,
-            bias=module.bias_name,
+            bias=module.bias_name, in_owner=owner[x.name],
         ))
     return layers, links, link_tensors

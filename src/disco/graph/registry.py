@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from torch import fx
 
 if TYPE_CHECKING:
-    from .rules import Rule
+    from .ops.base import Rule
 
 R = TypeVar("R")
 

@@ -31,8 +31,8 @@ from torchvision.models.detection.image_list import ImageList
 from torchvision.ops import Conv2dNormActivation
 from torchvision.ops import boxes as box_ops
 
+from ..graph.ops import L2NormRule
 from ..graph.registry import register_module_rule
-from ..graph.rules import L2NormRule
 from .registry import register_model
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from torch import Tensor, fx, nn
 
 from ..graph import REPLICATED
 from ..graph.capture import shape_of
-from ..graph.rules import Flatten
+from ..graph.ops import Flatten
 from .plan import MixPlan, NodePlan, local_shape
 
 log = logging.getLogger(__name__)
@@ -42,27 +42,13 @@ class Executor:
         self.record: dict[str, Tensor] | None = None  # when a dict: every local value computed (debugging)
         self.mods = plan.local_modules(gm, weights)
         self.mix_modules = {ly.node: ly.view(gm) for ly in plan.part.layers}
-        order = {nd.name: k for k, nd in enumerate(plan.nodes)}
-        # received views are built lazily by the mixing op that reads them: keep every tensor on the
-        # view chain to a mixing op's input alive until that op has run
-        recv_last: dict[str, int] = {}
-        for mp in plan.mix.values():
-            stack = [mp.input]
-            while stack:
-                name = stack.pop()
-                recv_last[name] = max(recv_last.get(name, 0), order[mp.node])
-                rule = plan.part.rules.get(name)
-                if name in plan.gather_recv:
-                    stack.append(plan.gather_recv[name][0])
-                elif rule is not None and rule.kind == "view":
-                    stack += [a.name for a in plan.by_name[name].all_input_nodes
-                              if plan.part.owner.get(a.name) is not None]
+        live = plan.liveness
         self.frees: dict[int, list[str]] = {}
         keep = set(plan.outputs)
-        for name, last in plan.last_use.items():
+        for name, last in live.last_use.items():
             if name not in keep:
-                self.frees.setdefault(max(last, recv_last.get(name, 0)), []).append(name)
-        self.order = order
+                self.frees.setdefault(max(last, live.views_until.get(name, 0)), []).append(name)
+        self.order = live.order
         out_ranks = {}
         for name in plan.outputs:
             own = plan.part.owner[name]

@@ -4,10 +4,12 @@ Node j holds, of every feature tensor, its *local* channels (the ones it owns pl
 replicated ones), in channel order. It walks the captured graph in topological order:
 
 * channel-local ops run on the local channels (parameters with one entry per channel are
-  sliced to them, see :func:`register_param_slicer`);
+  sliced to them by their op kind, :meth:`~disco.graph.ops.base.Rule.slice_param`);
 * views (cat, flatten, identity) run on the local parts, which keeps channel order;
 * a mixing op computes ``W_own @ x_own`` first, then waits for the channels it receives and
-  adds ``W_recv @ x_recv`` (overlap of compute and communication).
+  adds ``W_recv @ x_recv`` (overlap of compute and communication); its weight blocks are
+  :meth:`~disco.graph.partition.MixingLayer.blocks`, cut and run by its op kind
+  (:meth:`~disco.graph.ops.mixing.Mixing.shard`, :meth:`~disco.graph.ops.mixing.Mixing.apply`).
 
 Received channels are kept per *base tensor* (the tensor actually sent, see
 ``Partition.base``): a channel received once serves every consumer on the node. The
@@ -19,140 +21,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from ..graph import REPLICATED, Partition
+from ..graph import MixingLayer, Partition
 from ..graph.capture import shape_of
-from ..graph.rules import ConvRule, ConvSameRule, ConvTransposeRule, LinearRule, Mixing
+from ..graph.liveness import liveness
+from ..graph.ops import Mixing, block_weight_names, local_index
 
 log = logging.getLogger(__name__)
-
-
-# ---- mixing kernels: how one weight block is cut from a layer's weight and applied ------------
-
-class MixingKernel:
-    """Cuts [rows x cols] blocks out of a mixing layer's weight and applies them (groups=1)."""
-
-    def take(self, m: nn.Module, w: Tensor, rows: np.ndarray, cols: np.ndarray, group: int, og: int, ig: int
-             ) -> Tensor:
-        """The [rows x cols] block of ``w`` (global channel indices, all in group ``group``)."""
-        return w[torch.as_tensor(rows)][:, torch.as_tensor(cols - group * ig)]
-
-    def take_depthwise(self, m: nn.Module, w: Tensor, rows: np.ndarray, ins: np.ndarray) -> Tensor:
-        return w[torch.as_tensor(rows)]
-
-    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
-        raise NotImplementedError
-
-
-class ConvKernel(MixingKernel):
-    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
-        nd = len(m.kernel_size)
-        fn = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
-        padding = m.padding
-        if m.padding_mode != "zeros":
-            x = F.pad(x, m._reversed_padding_repeated_twice, mode=m.padding_mode)
-            padding = 0
-        return fn(x, w, bias, m.stride, padding, m.dilation, groups)
-
-
-class ConvSameKernel(ConvKernel):
-    """TensorFlow "same" padding computed from the input size (timm's ``Conv2dSame``), then the convolution."""
-
-    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
-        pad: list[int] = []
-        for k, s, d, size in reversed(list(zip(m.kernel_size, m.stride, m.dilation, x.shape[2:], strict=True))):
-            p = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
-            pad += [p // 2, p - p // 2]
-        return super().apply(m, F.pad(x, pad), w, bias, groups)
-
-
-class ConvTransposeKernel(MixingKernel):
-    """Weight layout [in, out/groups, k...]."""
-
-    def take(self, m: nn.Module, w: Tensor, rows: np.ndarray, cols: np.ndarray, group: int, og: int, ig: int
-             ) -> Tensor:
-        return w[torch.as_tensor(cols)][:, torch.as_tensor(rows - group * og)]
-
-    def take_depthwise(self, m: nn.Module, w: Tensor, rows: np.ndarray, ins: np.ndarray) -> Tensor:
-        return w[torch.as_tensor(ins)]
-
-    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
-        nd = len(m.kernel_size)
-        fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
-        return fn(x, w, bias, m.stride, m.padding, m.output_padding, groups, m.dilation)
-
-
-class LinearKernel(MixingKernel):
-    def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
-        return F.linear(x, w, bias)
-
-
-_KERNELS: dict[type, MixingKernel] = {}
-
-
-def register_kernel(*rule_types: type) -> Callable[[MixingKernel], MixingKernel]:
-    """Register the runtime kernel for a mixing rule class (subclasses inherit it)."""
-
-    def deco(k: MixingKernel) -> MixingKernel:
-        for t in rule_types:
-            _KERNELS[t] = k
-        return k
-
-    return deco
-
-
-register_kernel(ConvRule)(ConvKernel())
-register_kernel(ConvSameRule)(ConvSameKernel())
-register_kernel(ConvTransposeRule)(ConvTransposeKernel())
-register_kernel(LinearRule)(LinearKernel())
-
-
-def kernel_for(rule: Mixing) -> MixingKernel:
-    for cls in type(rule).__mro__:
-        if cls in _KERNELS:
-            return _KERNELS[cls]
-    raise NotImplementedError(f"no runtime kernel for mixing rule {type(rule).__name__}; use register_kernel")
-
-
-# ---- per-channel parameter slicing of channel-local modules ----------------------------------
-
-ParamSlicer = Callable[[nn.Module, str, Tensor, np.ndarray, int], Tensor]
-
-
-def default_slicer(module: nn.Module, name: str, t: Tensor, local: np.ndarray, channels: int) -> Tensor:
-    """A parameter or buffer whose first dim equals the channel count is sliced to ``local``."""
-    if t.dim() >= 1 and t.shape[0] == channels and len(local) != channels:
-        return t[torch.as_tensor(local)]
-    return t
-
-
-_SLICERS: dict[type, ParamSlicer] = {}
-
-
-def register_param_slicer(*types: type) -> Callable[[ParamSlicer], ParamSlicer]:
-    """Register how a module type's parameters are cut to a node's channels (default: first dim)."""
-
-    def deco(fn: ParamSlicer) -> ParamSlicer:
-        for t in types:
-            _SLICERS[t] = fn
-        return fn
-
-    return deco
-
-
-def slicer_for(module: nn.Module) -> ParamSlicer:
-    for cls in type(module).__mro__:
-        if cls in _SLICERS:
-            return _SLICERS[cls]
-    return default_slicer
 
 
 def module_tensors(m: nn.Module) -> list[tuple[str, Tensor, bool]]:
@@ -201,14 +82,20 @@ class MixPlan:
     input: str
     out_cdim: int
     in_cdim: int
-    kernel: MixingKernel
+    kernel: Mixing  # the op kind: runs the blocks (apply)
     blocks: list[Block]
     bias: bool
     out_shape: tuple[int, ...]  # local output shape
     needs: list[str]  # base tensors whose receives this op waits for
 
     def weight_names(self, k: int) -> tuple[str, str]:
-        return f"{self.layer}.w{k}.local", f"{self.layer}.w{k}.recv"
+        return block_weight_names(self.layer, k)
+
+
+def _shape_with(shape: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
+    s = list(shape)
+    s[dim] = n
+    return tuple(s)
 
 
 def _positions(have: np.ndarray, want: np.ndarray, name: str) -> Tensor:
@@ -217,16 +104,6 @@ def _positions(have: np.ndarray, want: np.ndarray, name: str) -> Tensor:
     if len(want) and (pos.max() >= len(have) or not np.array_equal(have[pos], want)):
         raise NotImplementedError(f"node {name}: a channel selection reads channels this node does not hold")
     return torch.as_tensor(pos, dtype=torch.long)
-
-
-def local_index(owner: np.ndarray, rank: int) -> np.ndarray:
-    return np.nonzero((owner == rank) | (owner == REPLICATED))[0]
-
-
-def _shape_with(shape: tuple[int, ...], dim: int, n: int) -> tuple[int, ...]:
-    s = list(shape)
-    s[dim] = n
-    return tuple(s)
 
 
 class NodePlan:
@@ -317,12 +194,9 @@ class NodePlan:
         for name, (src, idx) in part.gathers.items():
             self.gather_local[name] = (src, _positions(self.local[src], idx[self.local[name]], name))
             self.gather_recv[name] = (src, _positions(self.recv[src], idx[self.recv[name]], name))
-        # last use of every value, to free memory early
-        order = {nd.name: k for k, nd in enumerate(self.nodes)}
-        self.last_use = {nd.name: max((order[u.name] for u in nd.users), default=order[nd.name])
-                         for nd in self.nodes}
-        for name, (src, _) in part.gathers.items():  # a gather reads its source, maybe past a chunk node
-            self.last_use[src] = max(self.last_use[src], order[name])
+        # when every value is last needed, to free memory early
+        self.liveness = liveness(part)
+        self.last_use = self.liveness.last_use
         out_node = next(nd for nd in self.nodes if nd.op == "output")
         self.outputs = [a.name for a in out_node.all_input_nodes if part.owner.get(a.name) is not None]
         self.output_node = out_node
@@ -331,39 +205,23 @@ class NodePlan:
         self.fixed_args = {nd.name: (nd.args[0] if nd.args else None) for nd in self.nodes
                            if nd.op == "placeholder" and shape_of(nd) is None}
 
-    def _mix_plan(self, ly: Any) -> MixPlan:
+    def _mix_plan(self, ly: MixingLayer) -> MixPlan:
         part, j = self.part, self.rank
         node = self.by_name[ly.node]
-        module = ly.view(part.gm)
-        o, i, g = ly.rule.structure(module)
-        rows = np.nonzero(ly.out_owner == j)[0]
         loc_x, rcv_x = self.local[ly.input], self.recv[ly.input]
-        cl = ly.col_link[j]
-        allowed = ly.allowed(self.kept)[j]
-        in_owner = part.owner[ly.input]
-        blocks: list[Block] = []
-        depthwise = i // g == 1 and not (in_owner == REPLICATED).all()
-        if depthwise:
-            blocks.append(Block(len(rows), torch.as_tensor(np.arange(len(loc_x))), torch.zeros(0, dtype=torch.long),
-                                depthwise=True))
-        else:
-            og, ig = o // g, i // g
-            for k in range(g):
-                r = rows[(rows >= k * og) & (rows < (k + 1) * og)]
-                if not len(r):
-                    continue
-                cols = np.arange(k * ig, (k + 1) * ig)
-                lc = cols[cl[cols] == ly.LOCAL]
-                rc = cols[(cl[cols] >= 0) & allowed[cols]]
-                blocks.append(Block(len(r), torch.as_tensor(np.searchsorted(loc_x, lc)),
-                                    torch.as_tensor(np.searchsorted(rcv_x, rc))))
+        blocks = [Block(len(b.rows), torch.as_tensor(np.arange(len(loc_x))), torch.zeros(0, dtype=torch.long),
+                        depthwise=True) if b.depthwise else
+                  Block(len(b.rows), torch.as_tensor(np.searchsorted(loc_x, b.local)),
+                        torch.as_tensor(np.searchsorted(rcv_x, b.received)))
+                  for b in ly.blocks(self.kept, j)]
         bt, _ = part.base[ly.input]
         needs = sorted({part.base_names[t] for t in np.unique(bt).tolist()} & set(self.exchanges))
         needs = [t for t in needs if self.exchanges[t].recvs]
+        rows = int((ly.out_owner == j).sum())
         return MixPlan(
             layer=ly.key, node=ly.node, input=ly.input, out_cdim=part.cdim[ly.node], in_cdim=part.cdim[ly.input],
-            kernel=kernel_for(ly.rule), blocks=blocks, bias=module.bias is not None,
-            out_shape=_shape_with(shape_of(node), part.cdim[ly.node], len(rows)), needs=needs,
+            kernel=ly.rule, blocks=blocks, bias=ly.view(part.gm).bias is not None,
+            out_shape=_shape_with(shape_of(node), part.cdim[ly.node], rows), needs=needs,
         )
 
     # ---- weights --------------------------------------------------------------------------
@@ -375,28 +233,8 @@ class NodePlan:
         n_params = 0
         with torch.no_grad():
             for ly in part.layers:
-                m = ly.view(gm)
-                plan = self.mix[ly.node]
-                w = m.weight.detach()
-                o, i, g = ly.rule.structure(m)
-                rows = np.nonzero(ly.out_owner == j)[0]
-                loc_x, rcv_x = self.local[ly.input], self.recv[ly.input]
-                og, ig = o // g, i // g
-                if plan.blocks and plan.blocks[0].depthwise:
-                    out[plan.weight_names(0)[0]] = plan.kernel.take_depthwise(m, w, rows, loc_x).clone()
-                else:
-                    gs = [k for k in range(g) if ((rows >= k * og) & (rows < (k + 1) * og)).any()]
-                    for b, (k, blk) in enumerate(zip(gs, plan.blocks, strict=True)):
-                        r = rows[(rows >= k * og) & (rows < (k + 1) * og)]
-                        lc = loc_x[blk.loc.numpy()]
-                        rc = rcv_x[blk.rcv.numpy()]
-                        wl, wr = plan.weight_names(b)
-                        out[wl] = plan.kernel.take(m, w, r, lc, k, og, ig).clone()
-                        out[wr] = plan.kernel.take(m, w, r, rc, k, og, ig).clone()
-                if plan.bias:
-                    out[f"{ly.key}.bias"] = m.bias.detach()[torch.as_tensor(rows)].clone()
-                    n_params += len(rows)
-            n_params += sum(t.numel() for k, t in out.items() if not k.endswith(".bias"))
+                out.update(ly.rule.shard(ly, ly.view(gm), self.kept, j))
+            n_params += sum(t.numel() for t in out.values())
             mixing = {ly.name for ly in part.layers}
             done: set[str] = set()
             for nd in self.nodes:
@@ -404,11 +242,9 @@ class NodePlan:
                     continue
                 done.add(nd.target)
                 m = gm.get_submodule(nd.target)
-                own = part.owner.get(nd.name)
+                op, own = part.op(nd.name), part.owner.get(nd.name)
                 for name, t, is_param in module_tensors(m):
-                    t = t.detach()
-                    if own is not None and t.dim() >= 1 and t.shape[0] == len(own) and (own != REPLICATED).all():
-                        t = slicer_for(m)(m, name, t, self.local[nd.name], len(own))
+                    t = op.shard_tensor(m, name, t.detach(), own, j)
                     out[f"{nd.target}.{name}"] = t.clone()
                     n_params += t.numel() if is_param else 0
             for nd in self.nodes:
@@ -445,7 +281,7 @@ class NodePlan:
                 for name, _, is_param in tensors:
                     t = weights[f"{nd.target}.{name}"]
                     if own is not None:
-                        t = slicer_for(m)(m, name, t, self.local[nd.name], len(own))
+                        t = self.part.op(nd.name).slice_param(m, name, t, self.local[nd.name], len(own))
                     if is_param:
                         m._parameters[name] = nn.Parameter(t, requires_grad=False)
                     else:

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from .errors import UnsupportedOpError
-from .registry import register_decomposition, register_function_rule
-from .rules import Local, arg, tensor_args
+from ..errors import UnsupportedOpError
+from ..registry import register_decomposition, register_function_rule
+from .base import Local, arg, tensor_args
 
 log = logging.getLogger(__name__)
 
