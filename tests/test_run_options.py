@@ -59,7 +59,7 @@ def test_first_reason_first_and_each_reason_once() -> None:
     err = {0: "disco node 0: error: stopping: rank 2 reported: lost rank 1: no heartbeat for 4.0 s\n",
            1: "", 2: "disco node 2: error: lost rank 1: no heartbeat for 4.0 s\n"}
     msg = failure_message([2, 0], {0: 3, 1: -9, 2: 3}, err, {1: "stopped"})
-    assert msg == "node 2: lost rank 1: no heartbeat for 4.0 s; node 1 (stopped) was ended by the launcher"
+    assert msg == "rank 2: lost rank 1: no heartbeat for 4.0 s; rank 1 (stopped) was ended by the launcher"
 
 
 def test_a_stream_settles_its_sends() -> None:
@@ -83,3 +83,12 @@ def test_a_stream_settles_its_sends() -> None:
     assert len(tr._works) == 1
     tr.flush()
     assert tr._works == [] and Work.waited == 6 and tr.mark() == 6
+
+
+def test_gloo_errors_in_a_few_words() -> None:
+    from disco.runtime.transport import gloo_reason
+
+    e = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                     "[127.0.0.1]:9116. This is typically caused by a remote worker crashing. GLHF!\nmore")
+    assert gloo_reason(e) == "RuntimeError: Connection closed by peer [127.0.0.1]:9116"
+    assert node_reason("disco node 1: fault injection: SIGKILL at 1.0\n", -9) == "killed by SIGKILL"

@@ -62,13 +62,13 @@ def node_reason(stderr: str, code: int | None) -> str:
     for ln in lines:
         if _PREFIX.match(ln):
             return _PREFIX.sub("", ln)
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
     for ln in reversed(lines):
         if "error" in ln.lower():
             return ln
     if lines:
         return lines[-1]
-    if code is not None and code < 0:
-        return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
 
 
@@ -83,8 +83,8 @@ def failure_message(order: list[int], codes: dict[int, int | None], stderr: dict
         if any(s in why for s in seen):
             continue
         seen.append(re.sub(r"^stopping: rank \d+ reported: ", "", why))
-        parts.append(f"node {r}: {why}")
-    parts += [f"node {r} ({how}) was ended by the launcher" for r, how in sorted(killed.items())]
+        parts.append(f"rank {r}: {why}")
+    parts += [f"rank {r} ({how}) was ended by the launcher" for r, how in sorted(killed.items())]
     return "; ".join(parts) or f"nodes exited with codes {[codes[r] for r in sorted(codes)]}"
 
 

@@ -372,13 +372,13 @@ def _agree(store: DeadlineStore, ident: Identity, status: dict[str, Any], timeou
     """Publish this node's status; wait for all; refuse if any refused or they hold different exports."""
     rank, world = ident.rank, ident.world
     store.set(f"ready/{rank}", json.dumps(status))
-    _wait_keys(store, [f"ready/{r}" for r in range(world)], timeout, f"rank {rank}: start-up")
+    _wait_keys(store, [f"ready/{r}" for r in range(world)], timeout, "start-up")
     statuses = [json.loads(store.get(f"ready/{r}")) for r in range(world)]
     store.set(f"seen/{rank}", "1")
     bad = [s for s in statuses if not s["ok"]]
     if bad and rank == 0:  # the store lives here: let every node read why before leaving
         try:
-            _wait_keys(store, [f"seen/{r}" for r in range(world)], 5.0, "rank 0: refusing")
+            _wait_keys(store, [f"seen/{r}" for r in range(world)], 5.0, "refusing")
         except RunFailure:
             pass
     if bad:
@@ -426,7 +426,7 @@ class _Progress:
 def _run_data(opts: RunOptions, man: dict[str, Any], ex: Any, store: DeadlineStore, rank: int) -> dict[str, Any] | None:
     """Run the task's test split through the split model (the leader feeds it; the others follow)."""
     if rank != 0:
-        _wait_keys(store, ["data/n"], opts.timeout, f"rank {rank}: waiting for the data count")
+        _wait_keys(store, ["data/n"], opts.timeout, "waiting for the data count")
         for _ in range(int(store.get("data/n"))):
             ex.run(None)
         return None
@@ -526,7 +526,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
     store.set(f"joined/{rank}", "1")
     if opts.fail_rank == rank and opts.fail_at == "startup":
         _inject(opts, rank)
-    _wait_keys(store, [f"joined/{r}" for r in range(world)], opts.startup_timeout, f"rank {rank}: start-up")
+    _wait_keys(store, [f"joined/{r}" for r in range(world)], opts.startup_timeout, "start-up")
 
     # load and verify before any compute; tell the others why we refuse
     try:
@@ -571,7 +571,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
     store.set(f"done/{rank}", "1")
     report = None
     if rank == 0:
-        _wait_keys(store, [f"done/{r}" for r in range(world)], opts.timeout, "rank 0: finishing")
+        _wait_keys(store, [f"done/{r}" for r in range(world)], opts.timeout, "finishing")
         all_stats = [json.loads(store.get(f"stats/{r}")) for r in range(world)]
         report = _report(opts, man, codec, link, lat, first, ref, stream_s, all_stats, data_metrics)
         if result:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -135,6 +136,13 @@ class LinkModel:
 
 # ---- transports -------------------------------------------------------------------------------
 
+def gloo_reason(e: BaseException) -> str:
+    """gloo's error in a few words: its first line without the source location and the advice."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". This is typically")[0]
+    return f"{type(e).__name__}: {text}"[:200]
+
+
 class PeerError(RunFailure):
     """A peer died, closed its connection or stopped answering."""
 
@@ -157,7 +165,7 @@ class _Handle:
             except PeerError:
                 raise
             except Exception as e:  # gloo raises RuntimeError with its own text
-                raise PeerError(self.src, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                raise PeerError(self.src, gloo_reason(e)) from e
             self.tr._downlink(self.nbytes)
             self._val = self.codec.decode(buf, self.shape, self.cdim)
         return self._val
@@ -353,7 +361,7 @@ class DistTransport(BaseTransport):
             try:
                 w.wait()
             except Exception as e:
-                raise PeerError(dst, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                raise PeerError(dst, gloo_reason(e)) from e
 
     def mark(self) -> int:
         """How many sends were posted so far (for :meth:`settle`)."""
