@@ -1,7 +1,8 @@
 """Fault injection: what `disco run` does when a node dies, freezes or refuses, and what it leaves behind.
 
     OMP_NUM_THREADS=1 python bench/faults.py                 # every case -> results/faults.json
-    python bench/faults.py --cases stop_leader_run,edit_kept  # some cases
+    python bench/faults.py --cases stop_leader_run,edit_kept  # some cases, in this order
+    python bench/faults.py --resume                           # run only the cases not yet in the JSON
     python recipes/tables.py                                  # -> the table in docs/faults.md
 
 Each case runs the real command line (``disco run``, or the node program for the rendezvous cases) on a
@@ -303,12 +304,16 @@ def main() -> int:
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
     ap.add_argument("--timeout", type=float, default=10.0, help="--timeout of every run (s)")
     ap.add_argument("--out", default=str(ROOT / "results" / "faults.json"))
+    ap.add_argument("--resume", action="store_true", help="keep the cases already in --out, run the others")
     args = ap.parse_args()
     todo = cases()
     if args.cases:
         want = args.cases.split(",")
-        todo = [c for c in todo if c.name in want]
-    results = []
+        todo = sorted((c for c in todo if c.name in want), key=lambda c: want.index(c.name))
+    out_path = Path(args.out)
+    old = json.loads(out_path.read_text()) if args.resume and out_path.is_file() else {}
+    results = [r for r in old.get("cases", []) if old.get("timeout_s") == args.timeout]
+    todo = [c for c in todo if c.name not in {r["case"] for r in results}]
     with tempfile.TemporaryDirectory(prefix="disco-faults-") as tmp:
         base = make_export(Path(tmp) / "base")
         for c in todo:
@@ -317,10 +322,10 @@ def main() -> int:
                   f"(process gone after {o.seconds_to_exit} s), "
                   f"{o.leftover_processes} processes / {o.leftover_files} files left: {o.message}", flush=True)
             results.append(asdict(o))
-    out = {"timeout_s": args.timeout, "nodes": 2, "model": "cifar_resnet8",
-           "command": "python bench/faults.py " + " ".join(sys.argv[1:]), "cases": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+            out = {"timeout_s": args.timeout, "nodes": 2, "model": "cifar_resnet8",
+                   "command": f"python bench/faults.py --timeout {args.timeout:g}", "cases": results}
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(json.dumps(out, indent=1) + "\n")  # after every case: a long run can be resumed
     return 0 if all(r["ok"] for r in results) else 1
 
 

@@ -92,3 +92,20 @@ def test_gloo_errors_in_a_few_words() -> None:
                      "[127.0.0.1]:9116. This is typically caused by a remote worker crashing. GLHF!\nmore")
     assert gloo_reason(e) == "RuntimeError: Connection closed by peer [127.0.0.1]:9116"
     assert node_reason("disco node 1: fault injection: SIGKILL at 1.0\n", -9) == "killed by SIGKILL"
+
+
+def test_store_listens_only_on_the_given_address() -> None:
+    from pathlib import Path
+
+    from disco.runtime.launch import free_port
+    from disco.runtime.node import _store
+
+    port = free_port()
+    store = _store("127.0.0.1", port, 1, 5.0, master=True)
+    store.set("k", "v")
+    listening = [ln.split()[1] for ln in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                 if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port:04X}")]
+    six = [ln.split()[1] for ln in Path("/proc/net/tcp6").read_text().splitlines()[1:]
+           if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port:04X}")] \
+        if Path("/proc/net/tcp6").exists() else []
+    assert listening == [f"0100007F:{port:04X}"] and six == []  # 127.0.0.1 only, not 0.0.0.0 or ::
