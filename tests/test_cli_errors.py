@@ -236,3 +236,36 @@ def test_train_creates_runs_and_announces_the_skip(tiny_cifar, tmp_path, monkeyp
     notes = [r for r in caplog.records if r.name == "disco.notice"]
     assert notes and "not training again" in notes[0].getMessage()
     assert logging.getLogger("disco.notice").getEffectiveLevel() <= logging.INFO  # shown without -v
+
+
+def test_training_bar_shows_a_live_loss_and_lr(monkeypatch):
+    """The bar's loss and lr change within an epoch (they were set once per 20 steps before)."""
+    import torch
+
+    import disco.train as tr
+
+    seen: list[dict] = []
+
+    class Bar:
+        def __init__(self, it, **kw):
+            self.it = it
+
+        def __iter__(self):
+            return iter(self.it)
+
+        def set_postfix(self, **kw):
+            seen.append(kw)
+
+    monkeypatch.setattr(tr, "tqdm", Bar)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(6)]
+    tr.fit(model, data, torch.nn.functional.cross_entropy, epochs=1, lr=0.1, warmup_epochs=0.5)
+    assert len(seen) == 6
+    assert len({s["loss"] for s in seen}) > 1 and len({s["lr"] for s in seen}) > 1
+
+
+def test_sparsify_refuses_more_nodes_than_channels(capsys, tmp_path):
+    dense = ROOT / "src" / "disco" / "assets" / "cifar_resnet20_dense.safetensors"
+    _refused(capsys, ["sparsify", str(dense), "--data", str(tmp_path), "--nodes", "100", "--ratio", "0.2",
+                      "--out", str(tmp_path / "x.safetensors")], "--nodes 100", "widest layer")

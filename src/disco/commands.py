@@ -78,8 +78,12 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size,
                          optimizer=args.optimizer, weight_decay=args.wd)
-    from .validate import prepare_output
+    from .loading import load
+    from .validate import check_data_folder, check_nodes_fit, prepare_output
 
+    dense = load(args.checkpoint)  # a missing or damaged checkpoint is refused before any data is read
+    check_nodes_fit(dense.model, args.nodes, dense.ckpt.model["name"])
+    check_data_folder(args.data)
     res = sparsify(args.checkpoint, args.data, prepare_output(args.out), cfg)
     print(json.dumps(res | {"checkpoint": args.out}))
     return 0
