@@ -117,6 +117,17 @@ def params_per_node(part: Partition, kept: np.ndarray, layer_costs: list[OpCost]
                 continue
             counted.add(id(p))
             per += np.array([op.shard_tensor(m, name, p, owner, j).numel() for j in range(n)], dtype=np.int64)
+    if part.relayed:  # exchange placement: a receiver holds the per-channel parameters of what it receives
+        masks = [part.received_masks(kept, j) for j in range(n)]
+        for node in part.gm.graph.nodes:
+            if node.name not in part.relayed or node.op != "call_module":
+                continue
+            n_ch = len(part.owner[node.name])
+            m, op = part.gm.get_submodule(node.target), part.op(node.name)
+            for name, p in m.named_parameters(recurse=False):
+                if p.dim() >= 1 and p.shape[0] == n_ch:
+                    per += np.array([op.slice_param(m, name, p, part.received(node.name, masks[j]), n_ch).numel()
+                                     for j in range(n)], dtype=np.int64)
     for p in part.gm.parameters():  # parameters not used by a module call (get_attr): everywhere
         if id(p) not in counted:
             per += p.numel()

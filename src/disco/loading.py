@@ -36,7 +36,8 @@ def load(path: str | Path) -> Loaded:
     model = _plain(ckpt, path)
     if ckpt.disco is None:
         return Loaded(ckpt, model.eval(), None)
-    part = partition(model, tuple(ckpt.input_shape), ckpt.nodes, ckpt.disco.get("shares"))
+    part = partition(model, tuple(ckpt.input_shape), ckpt.nodes, ckpt.disco.get("shares"),
+                     relay=ckpt.disco.get("placement") == "receiver")  # checkpoints before it: sender
     _check_fingerprint(ckpt, part, path)
     return Loaded(ckpt, DiscoModel(model, part, ckpt.kept()).eval(), part)
 
@@ -82,6 +83,7 @@ def save_disco(dm: DiscoModel, path: str | Path, model_cfg: dict, task: str | No
     """Save a DISCO model: masked weights, partition fingerprint, N and kept links."""
     part = dm.partition
     disco = {"nodes": part.nodes, **({"shares": list(part.shares)} if part.shares else {}),
+             "placement": "receiver" if part.relay else "sender",
              "fingerprint": part.fingerprint(), "n_links": part.n_links,
              "kept": pack_bits(dm.kept), "ratio": dm.ratio, **(extra or {})}
     return save_checkpoint(Checkpoint(model=model_cfg, state_dict=dm.plain_state_dict(),

@@ -47,6 +47,8 @@ def liveness(part: Partition) -> Liveness:
             rule = part.rules.get(name)
             if name in part.gathers:
                 stack.append(part.gathers[name][0])
+            elif name in part.relayed:  # applied by the receiver: its static arguments too (a size)
+                stack += [a.name for a in by_name[name].all_input_nodes]
             elif rule is not None and rule.kind == "view":
                 stack += [a.name for a in by_name[name].all_input_nodes if part.owner.get(a.name) is not None]
     return Liveness(order, last_use, received_until, views_until)

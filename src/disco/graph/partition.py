@@ -280,6 +280,31 @@ class Partition:
     rules: dict[str, Rule] = field(repr=False)
     param_nodes: frozenset[str] = frozenset()  # get_attr nodes that are mixing weights (held by the layer)
     gathers: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)  # node -> (source, channel index)
+    relay: bool = False  # exchange placement: see :func:`partition`
+    relayed: frozenset[str] = frozenset()  # channel-local ops that receivers apply to the channels they receive
+
+    def received_masks(self, kept: np.ndarray, rank: int) -> dict[str, np.ndarray]:
+        """Per link tensor: [channels] bool, which channels node ``rank`` receives with links ``kept``."""
+        L = self.links
+        mine = np.asarray(kept, dtype=bool) & (L.receiver == rank)
+        out = {}
+        for t_idx, t_name in enumerate(self.link_tensors):
+            m = np.zeros(len(self.owner[t_name]), dtype=bool)
+            m[L.channel[mine & (L.tensor == t_idx)]] = True
+            out[t_name] = m
+        return out
+
+    def received(self, name: str, masks: dict[str, np.ndarray]) -> np.ndarray:
+        """The channels of tensor ``name`` that a node receives (sorted indices), given its
+        :meth:`received_masks`: a channel is received when the base channel it is sent as is."""
+        bt, bc = self.base[name]
+        r = np.zeros(len(bt), dtype=bool)
+        for t in np.unique(bt).tolist():
+            m = masks.get(self.base_names[t])
+            if m is not None:
+                sel = bt == t
+                r[sel] = m[bc[sel]]
+        return np.nonzero(r)[0]
     shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
 
     @property
@@ -333,11 +358,19 @@ _NO_RULE = Rule()
 
 
 def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: int,
-              shares: tuple[float, ...] | list[float] | None = None) -> Partition:
+              shares: tuple[float, ...] | list[float] | None = None, relay: bool = True) -> Partition:
     """Trace ``model`` on ``example`` (a tensor or an input shape) and partition it over ``nodes``.
 
     ``shares`` (one positive number per node, e.g. ``(2, 1)``): node j owns a part of every
     layer's channels in proportion to its share (default: equal parts).
+
+    ``relay`` (exchange placement): a channel that reaches a mixing op through channel-local ops
+    (BatchNorm, activations, padding, upsampling) applied after a view (concatenation, channel
+    shuffle) or that enlarge its plane is sent *before* those ops, and the receiver applies them
+    itself (its shard holds their per-channel parameters for the channels it receives): a
+    DenseNet channel crosses once instead of once per later layer, an upsampled one at its small
+    size. ``False`` sends every channel where the last op before the mixing op produced it
+    (checkpoints and exports record which placement they were made with).
 
     Raises :class:`UnsupportedOpError` naming the op and its module path when an op
     has no rule.
@@ -410,15 +443,20 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
     owner: dict[str, np.ndarray | None] = {}
     base: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     base_names: list[str] = []
+    relayed: set[fx.Node] = set()
     for node in gm.graph.nodes:
         atoms = b.atoms.get(node)
         if atoms is None:
             owner[node.name] = None
             continue
         owner[node.name] = owner_of(atoms)
+        src = _relay_source(b, node, rules.get(node.name), relayed) if relay else None
         if node in b.sources:  # a view: channels of its operands
             ts, cs = zip(*[(base[a.name][0][idx], base[a.name][1][idx]) for a, idx in b.sources[node]], strict=True)
             base[node.name] = (np.concatenate(ts), np.concatenate(cs))
+        elif src is not None:  # sent before this op; the receiver applies it
+            relayed.add(node)
+            base[node.name] = base[src.name]
         else:
             base_names.append(node.name)
             base[node.name] = (np.full(len(atoms), len(base_names) - 1), np.arange(len(atoms)))
@@ -433,10 +471,33 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
         cdim={n.name: c for n, c in b.cdim.items()}, base=base, base_names=base_names, layers=layers,
         links=links, link_tensors=link_tensors, rules=rules, param_nodes=frozenset(param_nodes), shares=shares,
         gathers={n.name: (src.name, idx) for n, (src, idx) in b.gathers.items()},
+        relay=relay, relayed=frozenset(n.name for n in relayed),
     )
     log.info("partitioned %s over %d nodes: %d mixing layers, %d links", type(model).__name__, nodes,
              len(layers), len(links))
     return part
+
+
+def _relay_source(b: Builder, node: fx.Node, rule: Rule | None, relayed: set[fx.Node]) -> fx.Node | None:
+    """The input whose channels ``node`` may be sent as (the receiver then applies ``node`` itself), or None.
+
+    ``node`` must be a channel-local op of one feature tensor that keeps its channels (same atoms, same
+    channel dim) and does not shrink the plane (a pooling is cheaper to send after); and the channels
+    must gain from being sent earlier: the input is a view (its channels may be read through several
+    such chains: a DenseNet concatenation), an op already relayed, or ``node`` enlarges the plane."""
+    if rule is None or rule.kind != "local" or node.op not in ("call_module", "call_function", "call_method"):
+        return None
+    ins = tensor_args(node, b)
+    if len(ins) != 1 or b.replicated(ins[0]):
+        return None
+    a = ins[0]
+    if b.cdim[a] != b.cdim[node] or not np.array_equal(b.atoms[a], b.atoms[node]):
+        return None
+    s_in, s_out = b.shape(a), b.shape(node)
+    plane_in, plane_out = math.prod(s_in) // s_in[b.cdim[a]], math.prod(s_out) // s_out[b.cdim[node]]
+    if plane_out < plane_in:
+        return None
+    return a if (plane_out > plane_in or a in b.sources or a in relayed) else None
 
 
 def _find_links(gm, b, rules, owner, base, base_names, nodes):  # noqa: ANN001,ANN202

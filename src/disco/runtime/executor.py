@@ -41,6 +41,7 @@ class Executor:
         self.plan, self.gm, self.w, self.tr = plan, gm, weights, transport
         self.record: dict[str, Tensor] | None = None  # when a dict: every local value computed (debugging)
         self.mods = plan.local_modules(gm, weights)
+        self.recv_mods = plan.recv_modules(gm, weights)
         self.mix_modules = {ly.node: ly.view(gm) for ly in plan.part.layers}
         live = plan.liveness
         self.frees: dict[int, list[str]] = {}
@@ -87,6 +88,20 @@ class Executor:
         elif name in plan.gather_recv:
             src, pos = plan.gather_recv[name]
             val = self._recv_view(src, renv, pending).index_select(plan.part.cdim[src], pos)
+        elif name in plan.part.relayed:  # sent before this channel-local op: apply it to what arrived
+            inplace = bool(nd.kwargs.get("inplace")) or str(nd.target).endswith("_")
+            if nd.op == "call_module":
+                mod = self.recv_mods.get(name) or self.gm.get_submodule(nd.target)
+                inplace = inplace or bool(getattr(mod, "inplace", False))
+
+            def arg(a: fx.Node) -> Any:
+                if plan.part.owner.get(a.name) is None:
+                    return self._env[a.name]
+                v = self._recv_view(a.name, renv, pending)
+                return v.clone() if inplace else v  # the received view may feed other consumers
+
+            args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), arg)
+            val = mod(*args, **kwargs) if nd.op == "call_module" else self._call(nd, args, kwargs)
         elif rule is not None and rule.kind == "view":
             if isinstance(rule, Flatten):
                 src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)

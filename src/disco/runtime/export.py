@@ -141,6 +141,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     manifest = {
         "format": FORMAT, "version": VERSION, "model": model_spec, "model_hash": mhash, "nodes": part.nodes,
         "shares": list(part.shares) if part.shares else None,
+        "placement": "receiver" if part.relay else "sender",
         "input_shape": list(part.input_shape), "input_dtype": "float32", "fingerprint": fp,
         "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
@@ -386,12 +387,14 @@ def meta_partition(manifest: dict[str, Any]) -> Partition:
     try:
         with torch.device("meta"):
             model = build_model(spec["name"], **spec.get("kwargs", {}))
-        return partition(model, torch.zeros(shape, device="meta"), nodes, manifest.get("shares"))
+        return partition(model, torch.zeros(shape, device="meta"), nodes, manifest.get("shares"),
+                         relay=manifest.get("placement") == "receiver")
     except (RuntimeError, NotImplementedError) as e:
         log.info("%s cannot be built on the meta device (%s); building it on the CPU", spec["name"],
                  str(e).splitlines()[0] if str(e) else type(e).__name__)
     model = build_model(spec["name"], **spec.get("kwargs", {}))
-    part = partition(model, torch.zeros(shape), nodes, manifest.get("shares"))
+    part = partition(model, torch.zeros(shape), nodes, manifest.get("shares"),
+                     relay=manifest.get("placement") == "receiver")
     model.to("meta")  # the graph shares these modules: drop the random weights, as on the meta path
     return part
 

@@ -123,25 +123,13 @@ class NodePlan:
         # local channels and received channels of every tensor
         self.local: dict[str, np.ndarray] = {}
         self.recv: dict[str, np.ndarray] = {}
-        recv_mask: dict[str, np.ndarray] = {}
-        mine = self.kept & (L.receiver == rank)
-        for t_idx, t_name in enumerate(part.link_tensors):
-            m = np.zeros(len(part.owner[t_name]), dtype=bool)
-            m[L.channel[mine & (L.tensor == t_idx)]] = True
-            recv_mask[t_name] = m
+        masks = part.received_masks(self.kept, rank)
         for nd in self.nodes:
             own = part.owner.get(nd.name)
             if own is None:
                 continue
             self.local[nd.name] = local_index(own, rank)
-            bt, bc = part.base[nd.name]
-            r = np.zeros(len(own), dtype=bool)
-            for t in np.unique(bt).tolist():
-                name = part.base_names[t]
-                if name in recv_mask:
-                    sel = bt == t
-                    r[sel] = recv_mask[name][bc[sel]]
-            self.recv[nd.name] = np.nonzero(r)[0]
+            self.recv[nd.name] = part.received(nd.name, masks)
         # exchanges
         self.exchanges: dict[str, Exchange] = {}
         for t_idx, t_name in enumerate(part.link_tensors):
@@ -247,12 +235,53 @@ class NodePlan:
                     t = op.shard_tensor(m, name, t.detach(), own, j)
                     out[f"{nd.target}.{name}"] = t.clone()
                     n_params += t.numel() if is_param else 0
+            for nd, m, name, t, is_param in self._relayed_tensors(gm):  # for the channels this node receives
+                t = part.op(nd.name).slice_param(m, name, t.detach(), self.recv[nd.name], len(part.owner[nd.name]))
+                out[f"recv.{nd.name}.{name}"] = t.clone()
+                n_params += t.numel() if is_param else 0
             for nd in self.nodes:
                 if nd.op == "get_attr" and nd.name not in part.param_nodes:
                     t = _get_attr(gm, nd.target).detach()
                     out[f"attr.{nd.target}"] = t.clone()
                     n_params += t.numel() if isinstance(_get_attr(gm, nd.target), nn.Parameter) else 0
         return {k: v.contiguous() for k, v in out.items()}, n_params
+
+    def _relayed_tensors(self, gm: fx.GraphModule) -> list[tuple[fx.Node, nn.Module, str, Tensor, bool]]:
+        """Per-channel parameters and buffers of the relayed modules (exchange placement), which a
+        receiver applies to the channels it receives: (node, module, name, tensor, is_parameter)."""
+        out = []
+        for nd in self.nodes:
+            if nd.name not in self.part.relayed or nd.op != "call_module":
+                continue
+            m = gm.get_submodule(nd.target)
+            n_ch = len(self.part.owner[nd.name])
+            out += [(nd, m, name, t, is_param) for name, t, is_param in module_tensors(m)
+                    if t.dim() >= 1 and t.shape[0] == n_ch]
+        return out
+
+    def recv_modules(self, gm: fx.GraphModule, weights: dict[str, Tensor]) -> dict[str, nn.Module]:
+        """Relayed modules (per call node) holding the parameters of the channels this node receives."""
+        import copy
+
+        mods: dict[str, nn.Module] = {}
+        for nd, m, name, _, is_param in self._relayed_tensors(gm):
+            if nd.name not in mods:
+                mods[nd.name] = copy.copy(m)
+                mods[nd.name]._parameters = dict(m._parameters)
+                mods[nd.name]._buffers = dict(m._buffers)
+                for other, _, other_param in module_tensors(m):  # tensors not per channel: as the node holds them
+                    t = weights[f"{nd.target}.{other}"]
+                    if other_param:
+                        mods[nd.name]._parameters[other] = nn.Parameter(t, requires_grad=False)
+                    else:
+                        mods[nd.name]._buffers[other] = t
+                mods[nd.name].eval()
+            t = weights[f"recv.{nd.name}.{name}"]
+            if is_param:
+                mods[nd.name]._parameters[name] = nn.Parameter(t, requires_grad=False)
+            else:
+                mods[nd.name]._buffers[name] = t
+        return mods
 
     def expected_shapes(self, gm: fx.GraphModule) -> dict[str, tuple[int, ...]]:
         """The tensor shapes of this node's shard (computed on a meta-device model)."""
