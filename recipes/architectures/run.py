@@ -96,6 +96,16 @@ def table(entries: list[dict]) -> str:
         f"`disco run DIR --nodes {NODES} --json`: the split's largest relative error against the single-process "
         "model, and whether the bytes it sent equal the cost model's.",
         "",
+        "How an architecture is split, or refused: every op of the traced graph needs a rule (`disco.graph`); a "
+        "module type's rule covers a subclass only when the subclass keeps the forward, so a subclass that "
+        "computes something else (timm's `StdConv2d` standardises its weights) is refused by name instead of "
+        "being split as a plain convolution. Every export runs the node plans on a probe input against the "
+        "model's own forward and refuses to write a split that differs by more than 1e-4, naming the first op "
+        "where they part; `disco run` exits 3 when its measured error exceeds `--max-rel-err` (1e-4). Channels "
+        "that reach a mixing op through channel-local ops after a concatenation, or through an upsampling, are "
+        "sent before those ops and the receiver applies them (exchange placement: densenet121 moves each "
+        "concatenated channel once).",
+        "",
         "| model | source | partitions | dense MB | r | max rel. error | bytes sent = predicted | result |",
         "|---|---|---|---|---|---|---|---|",
     ]
