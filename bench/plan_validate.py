@@ -1,0 +1,82 @@
+"""Validate ``disco plan`` on settings its calibration did not see: run each recommendation for real.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py          # results/planner_validation.json
+
+For every setting: ``disco plan ... --cores 2 --json`` (the node processes share this host's 2
+cores), then ``disco export MODEL --nodes N [--shares] --ratio r --input-shape ...`` and ``disco run
+DIR --nodes N --codec C --bandwidth B --latency L --json``; measured median against
+``predicted_ms``, with the host's load average before and after each run (this host is shared:
+other people's jobs inflate what is measured). The calibration (results/latency_model.json) saw
+resnet50 and cifar_resnet20 at N=2 and 4, equal shares, 10/100/1000 Mbit/s and unshaped, no added
+latency: every setting below differs (N=3, 20 ms and other latencies, unequal shares, other models).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "planner_validation.json"
+DISCO = [sys.executable, "-m", "disco.cli"]
+SETTINGS = [
+    {"model": "cifar_resnet20", "input_shape": "1,3,32,32", "bandwidth": "50mbit", "latency": "20ms", "nodes": "3"},
+    {"model": "resnet18", "input_shape": "1,3,64,64", "bandwidth": "100mbit", "latency": "2ms", "nodes": "2,3"},
+    {"model": "resnet18", "input_shape": "1,3,64,64", "bandwidth": "1gbit", "latency": "5ms", "nodes": "3",
+     "shares": "2,1,1"},
+    {"model": "cifar_resnet20", "input_shape": "1,3,32,32", "bandwidth": "200mbit", "latency": "1ms", "nodes": "2",
+     "shares": "2,1"},
+    {"model": "mobilenet_v3_small", "input_shape": "1,3,96,96", "bandwidth": "100mbit", "latency": "2ms",
+     "nodes": "2,3"},
+    {"model": "resnet50", "input_shape": "1,3,224,224", "bandwidth": "100mbit", "latency": "2ms", "nodes": "2,4"},
+]
+
+
+def sh(cmd: list[str]) -> dict:
+    print("+", " ".join(cmd[2:] if cmd[:2] == DISCO[:2] else cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    only = sys.argv[1:] and [int(i) for i in sys.argv[1].split(",")]
+    data = json.loads(OUT.read_text()) if OUT.is_file() else {"entries": []}
+    data["method"] = __doc__.strip()
+    for i, s in enumerate(SETTINGS):
+        if only and i not in only:
+            continue
+        plan_cmd = [*DISCO, "plan", s["model"], "--input-shape", s["input_shape"], "--bandwidth", s["bandwidth"],
+                    "--latency", s["latency"], "--nodes", s["nodes"], "--cores", "2", "--json",
+                    *(["--shares", s["shares"]] if "shares" in s else [])]
+        t0 = time.perf_counter()
+        res = sh(plan_cmd)
+        plan_s = time.perf_counter() - t0
+        rec = res["recommended"]
+        with tempfile.TemporaryDirectory() as d:
+            sh([*DISCO, "export", s["model"], "--nodes", str(rec["nodes"]), "--ratio", str(rec["ratio_target"]),
+                "--input-shape", s["input_shape"], "--out", d, "--codec", rec["codec"], "--json",
+                *(["--shares", ",".join(f"{x:g}" for x in rec["shares"])] if rec["shares"] else [])])
+            load0 = os.getloadavg()[0]
+            run = sh([*DISCO, "run", d, "--nodes", str(rec["nodes"]), "--codec", rec["codec"], "--bandwidth",
+                      s["bandwidth"], "--latency", s["latency"], "--iters", "10", "--warmup", "2", "--json"])
+            load1 = os.getloadavg()[0]
+        e = {"setting": s, "recommended": {k: rec[k] for k in ("nodes", "ratio_target", "ratio", "codec", "shares")},
+             "predicted_ms": rec["predicted_ms"], "measured_ms": run["latency_ms_median"],
+             "measured_over_predicted": round(run["latency_ms_median"] / rec["predicted_ms"], 3),
+             "bytes_sent": run["bytes_sent_total"], "bytes_predicted": rec["bytes"],
+             "loadavg_1min_before": round(load0, 2), "loadavg_1min_after": round(load1, 2),
+             "plan_seconds": round(plan_s, 1), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        print(json.dumps(e), flush=True)
+        data["entries"] = [x for x in data["entries"] if x["setting"] != s] + [e]
+        OUT.write_text(json.dumps(data, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

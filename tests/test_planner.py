@@ -1,0 +1,98 @@
+"""``disco plan``: programs from the cost model match what the runtime sends; candidates and the choice."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from disco import planner
+from disco.cli import main
+from disco.cost import estimate
+from disco.graph import partition
+from disco.models import build_model
+from disco.runtime.local import simulate
+
+
+@pytest.mark.parametrize("name,n,shares", [("cifar_resnet8", 2, None), ("cifar_resnet8", 3, (3, 2, 1)),
+                                           ("vit_tv_test", 2, None)])
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_programs_send_what_the_runtime_sends(name: str, n: int, shares, codec: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(name).eval()
+    x = torch.randn(1, 3, 32, 32)
+    part = partition(model, x, n, shares)
+    kept = np.random.default_rng(1).random(part.n_links) < 0.3
+    progs = planner.programs(part, kept, codec)
+    _, trs = simulate(part, kept, x, codec=codec, timeout=20)
+    sends = [[s for s in p if s[0] == "s"] for p in progs]
+    assert [len(s) for s in sends] == [t.messages for t in trs]  # every message, per node
+    link = [sum(s[3] for s in p if s[2] >= planner.TAG_LINKS and s[2] < planner.TAG_STATS) for p in sends]
+    assert link == [t.payload_bytes + t.overhead_bytes for t in trs]  # link bytes (int8 scales included)
+    if codec == "fp32":
+        assert sum(link) == estimate(part, kept).bytes
+    waits = sum(1 for p in progs for s in p if s[0] == "w")
+    assert waits == sum(len(s) for s in sends)  # every message is awaited once
+    f = planner.features(progs)
+    assert f[:, 0].sum() == pytest.approx(estimate(part, kept).flops_total, rel=1e-9)
+
+
+def test_more_bandwidth_is_faster_and_speeds_matter() -> None:
+    model = build_model("cifar_resnet8").eval()
+    part = partition(model, (1, 3, 32, 32), 2)
+    cal = planner.Calibration()
+    progs = planner.programs(part, part.all_links(), "fp32")
+    ms = [planner.predict_ms(planner.price(progs, cal), bw, 0.002, cal) for bw in (1e7, 1e8, 1e9)]
+    assert ms[0] > ms[1] > ms[2]
+    slow = planner.predict_ms(planner.price(progs, cal, speeds=[1, 0.25]), 1e9, 0.002, cal)
+    assert slow > ms[2]
+
+
+def _req(**kw) -> planner.PlanRequest:
+    base = dict(model="cifar_resnet8", input_shape=(1, 3, 32, 32), bandwidth_bps=1e8, latency_s=0.002,
+                nodes=(2, 3), codecs=("fp32", "fp16"), ratios=(1.0, 0.2, 0.0))
+    return planner.PlanRequest(**(base | kw))
+
+
+def test_plan_candidates_and_recommendation() -> None:
+    res = planner.plan(_req())
+    cands = res["candidates"]
+    assert len(cands) == 2 * 2 * 3
+    for c in cands:
+        assert {"nodes", "ratio", "codec", "predicted_ms", "bytes", "params_per_node"} <= set(c)
+        assert len(c["params_per_node"]) == c["nodes"]
+    dense = next(c for c in cands if c["nodes"] == 2 and c["ratio_target"] == 1.0 and c["codec"] == "fp32")
+    half = next(c for c in cands if c["nodes"] == 2 and c["ratio_target"] == 1.0 and c["codec"] == "fp16")
+    assert half["bytes"] * 2 == dense["bytes"] and half["predicted_ms"] < dense["predicted_ms"]
+    rec = res["recommended"]
+    assert rec in cands and rec["ratio_target"] >= 0.1  # no accuracy known for cifar_resnet8: r >= min_ratio
+    assert any(c["pareto"] for c in cands)
+    cmds = planner.commands(res, _req())
+    assert cmds[-1].startswith(f"disco run plan_export --nodes {rec['nodes']} --codec {rec['codec']}")
+    assert "--bandwidth 100mbit --latency 2ms" in cmds[-1]
+
+
+def test_memory_limit_and_speeds() -> None:
+    res = planner.plan(_req(max_memory_per_node=10))  # 10 bytes: nothing fits
+    assert res["recommended"] is None and not any(c["fits_memory"] for c in res["candidates"])
+    res = planner.plan(_req(nodes=(2,), speeds=(4.0, 1.0), ratios=(0.2,), codecs=("fp32",), bandwidth_bps=1e10,
+                            latency_s=0.0, input_shape=(1, 3, 128, 128)))
+    shares = [c["shares"] for c in res["candidates"]]
+    assert shares == [None, [4.0, 1.0]]  # equal shares and shares in proportion to the speeds
+    eq, prop = res["candidates"]
+    assert prop["params_per_node"][0] > prop["params_per_node"][1]
+    assert prop["predicted_ms"] < eq["predicted_ms"]  # the slow node gets less work
+    res = planner.plan(_req(nodes=(2, 3), shares=(2.0, 1.0), ratios=(0.2,), codecs=("fp32",)))
+    assert [(c["nodes"], c["shares"]) for c in res["candidates"]] == [(2, [2.0, 1.0])]
+
+
+def test_cli_plan_json(capsys, tmp_path) -> None:
+    rc = main(["plan", "cifar_resnet8", "--input-shape", "1,3,32,32", "--bandwidth", "100mbit", "--latency", "2ms",
+               "--nodes", "2", "--codecs", "fp32", "--ratios", "1,0.2", "--json", "--plot", str(tmp_path / "p.png")])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"candidates", "recommended"} and len(out["candidates"]) == 2
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    assert main(["plan", "cifar_resnet8", "--input-shape", "1,3,32,32", "--nodes", "1"]) == 2
