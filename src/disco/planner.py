@@ -43,18 +43,23 @@ TAG_INPUT, TAG_OUTPUT, TAG_LINKS, TAG_STATS = 1, 2, 16, 1 << 20
 class Calibration:
     """The latency model's parameters (see ``bench/latency_fit.py``)."""
 
-    flop_s: float = 1.0 / 80e9  # seconds per FLOP on one core (1 torch thread)
-    op_s: float = 35e-6  # fixed cost of one op on one node (Python, dispatch)
-    msg_s: float = 60e-6  # fixed CPU cost of one message on its sender (index_select, encode)
-    byte_s: float = 0.3e-9  # CPU cost per payload byte (gather, cast, copy) on the sender
-    delay_a: float = 2.2e-4  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
-    delay_b: float = 8.3e-10
-    delay_paced_a: float = 5.0e-4  # ... and through the pacing thread
-    delay_paced_b: float = 1.3e-9
-    overhead_unshaped_s: float = 2e-4  # CPU time after each received message, unshaped links
-    overhead_paced_s: float = 2e-4  # ... and paced ones (pacing thread hand-off)
-    overhead_unshaped_byte_s: float = 0.0  # ... plus this per received byte (unshaped)
-    overhead_paced_byte_s: float = 0.0  # ... (paced)
+    flop_s: float = 1.166e-11  # seconds per FLOP on one core (1 torch thread)
+    op_s: float = 1.434e-05  # fixed cost of one op on one node (Python, dispatch)
+    msg_s: float = 2.656e-05  # fixed CPU cost of one message on its sender (index_select, encode)
+    byte_s: float = 5.517e-10  # CPU cost per payload byte (gather, cast, copy) on the sender
+    delay_a: float = 0.0002167  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
+    delay_b: float = 8.305e-10
+    delay_paced_a: float = 0.0004973  # ... and through the pacing thread
+    delay_paced_b: float = 1.317e-09
+    delay_tc_a: float = 0.0002167  # kernel-shaped links (tc), benchmark entries only
+    delay_tc_b: float = 8.305e-10
+    overhead_unshaped_s: float = 0.0003  # CPU time after each received message, unshaped links
+    overhead_paced_s: float = 0.0002  # ... and paced ones (pacing thread hand-off)
+    overhead_unshaped_byte_s: float = 1e-09  # ... plus this per received byte (unshaped)
+    overhead_paced_byte_s: float = 0  # ... (paced)
+    wake_unshaped_s: float = 0.0004  # wake-up of a node blocked on a message that had not arrived (unshaped)
+    wake_paced_s: float = 0  # ... (paced)
+    oversub: float = 0.85  # useful share of the cores while more node processes compute than there are cores
     single_process: dict[str, float] = field(default_factory=dict)  # model -> measured one-process ms
     source: str = "defaults"
 
@@ -241,7 +246,8 @@ def predict_ms(progs: list[list[lat.Step]], bandwidth_bps: float | None, latency
         progs = with_overheads(progs, cal.overhead_paced_s, cal.overhead_paced_byte_s)
     else:
         progs = with_overheads(progs, cal.overhead_unshaped_s, cal.overhead_unshaped_byte_s)
-    return lat.simulate(progs, link, cores or len(progs), cal.delay(link.shaped)) * 1e3
+    wake = cal.wake_paced_s if link.shaped else cal.wake_unshaped_s
+    return lat.simulate(progs, link, cores or len(progs), cal.delay(link.shaped), wake, cal.oversub) * 1e3
 
 
 # ---- the planner ------------------------------------------------------------------------------

@@ -159,8 +159,14 @@ class Delay:
         return self.a + self.b * nbytes
 
 
-def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay) -> float:
-    """Seconds from the leader's start to its end of one inference (overlap as the executor does it)."""
+def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
+             oversub: float = 1.0) -> float:
+    """Seconds from the leader's start to its end of one inference (overlap as the executor does it).
+
+    ``wake_s``: a node that blocks on a message that has not arrived yet resumes ``wake_s`` after
+    its arrival (the wake-up of a sleeping process and its transport thread); a message already
+    there when the node asks for it costs no wake-up. ``oversub``: the share of the cores that does
+    useful work while more nodes compute than there are cores (context switches, caches)."""
     n = len(progs)
     bw = link.bandwidth_bps
     idx = [0] * n
@@ -212,7 +218,7 @@ def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay)
                 arrivals[key] = arr
                 if key in waiting:
                     node, t_wait, nbytes = waiting.pop(key)
-                    wake[node] = downlink(node, t_wait, arr, nbytes)
+                    wake[node] = downlink(node, t_wait, arr + wake_s, nbytes)
                 continue
             if s[0] == "w":
                 _, src, tag, nb = s
@@ -221,7 +227,8 @@ def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay)
                 key = (src, j, tag, k)
                 status[j] = "wait"
                 if key in arrivals:
-                    wake[j] = downlink(j, t, arrivals[key], nb)
+                    arr = arrivals[key]
+                    wake[j] = downlink(j, t, arr + wake_s if arr > t else arr, nb)
                 else:
                     wake[j] = None
                     waiting[key] = (j, t, nb)
@@ -237,7 +244,7 @@ def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay)
         if all(s == "done" for s in status):
             break
         running = [j for j in range(n) if status[j] == "run"]
-        rate = min(1.0, cores / len(running)) if running else 1.0
+        rate = (min(1.0, cores / len(running)) * (oversub if len(running) > cores else 1.0)) if running else 1.0
         cands = [t + rem[j] / rate for j in running]
         cands += [w for j, w in enumerate(wake) if status[j] == "wait" and w is not None]
         if not cands:
