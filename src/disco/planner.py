@@ -322,14 +322,19 @@ def codec_drops() -> dict[str, float]:
 
 
 def pareto_front(cands: list[Candidate]) -> list[Candidate]:
-    """Candidates no other beats on both latency and accuracy (unknown accuracy: latency alone)."""
+    """Candidates no other beats on both latency and accuracy. Where no candidate has a known accuracy,
+    the communication ratio r stands for it (more links kept, closer to the dense model)."""
+    proxy = not any(c.accuracy is not None for c in cands)
+
+    def q(c: Candidate) -> float:
+        if proxy:
+            return c.ratio_target
+        return c.accuracy if c.accuracy is not None else -math.inf
+
     front = []
     for c in cands:
-        a = c.accuracy if c.accuracy is not None else -math.inf
-        dominated = any(
-            (o.predicted_ms <= c.predicted_ms and (o.accuracy if o.accuracy is not None else -math.inf) >= a)
-            and (o.predicted_ms < c.predicted_ms or (o.accuracy if o.accuracy is not None else -math.inf) > a)
-            for o in cands if o is not c)
+        dominated = any(o.predicted_ms <= c.predicted_ms and q(o) >= q(c)
+                        and (o.predicted_ms < c.predicted_ms or q(o) > q(c)) for o in cands if o is not c)
         if not dominated:
             front.append(c)
     return sorted(front, key=lambda c: c.predicted_ms)
