@@ -6,13 +6,19 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .validate import (
     InputError,
+    as_arg,
     bandwidth_arg,
+    check_codec,
+    check_nodes,
+    check_ratio,
     fraction_arg,
+    latency_arg,
     nodes_arg,
     nonnegative_float,
     positive_float,
@@ -202,34 +208,45 @@ def _memory(s: str) -> int:
     import re
 
     m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)i?b?\s*", s.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a size like 200MB or 1.5GB, got {s!r}")
+    if not m or float(m.group(1)) <= 0:
+        raise InputError(f"expected a size like 200MB or 1.5GB, got {s!r}")
     return int(float(m.group(1)) * 1000 ** " kmgt".index(m.group(2) or " "))
 
 
-def _floats(s: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in s.split(","))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from e
+def _list(item: Any, what: str) -> Any:
+    """A comma-separated list whose items pass ``item`` (a validate check)."""
+    def conv(s: str) -> tuple:
+        try:
+            return tuple(item(x.strip()) for x in s.split(",") if x.strip())
+        except InputError:
+            raise
+        except ValueError:
+            raise InputError(f"{what}: expected comma-separated values, got {s!r}") from None
+    return conv
+
+
+plan_nodes_arg = as_arg(_list(lambda x: check_nodes(int(x), what="N"), "--nodes"), "nodes")
+plan_ratios_arg = as_arg(_list(lambda x: check_ratio(float(x), what="r"), "--ratios"), "ratios")
+plan_codecs_arg = as_arg(_list(check_codec, "--codecs"), "codecs")
+def _speed(x: str) -> float:
+    v = float(x)
+    if not v > 0:
+        raise InputError(f"a node speed must be > 0, got {x}")
+    return v
+
+
+speeds_arg = as_arg(_list(_speed, "--speeds"), "speeds")
+memory_arg = as_arg(_memory, "memory")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
-    from .runtime.transport import get_codec, parse_bandwidth, parse_latency
+    from .validate import parse_bandwidth, parse_latency
 
-    for c in args.codecs.split(","):
-        get_codec(c)
-    if any(not 0 <= r <= 1 for r in args.ratios):
-        raise ValueError(f"--ratios must lie in [0, 1], got {args.ratios}")
-    if any(n < 2 for n in args.nodes):
-        raise ValueError(f"--nodes must be 2 or more (one process is the baseline), got {args.nodes}")
-    if args.speeds is not None and not all(s > 0 for s in args.speeds):
-        raise ValueError(f"--speeds must be positive, got {args.speeds}")
     req = planner.PlanRequest(
         model=args.model, input_shape=tuple(args.input_shape), bandwidth_bps=parse_bandwidth(args.bandwidth),
         latency_s=parse_latency(args.latency) if args.latency else 0.0, nodes=tuple(args.nodes),
-        codecs=tuple(args.codecs.split(",")), ratios=tuple(args.ratios), max_memory_per_node=args.max_memory_per_node,
+        codecs=tuple(args.codecs), ratios=tuple(args.ratios), max_memory_per_node=args.max_memory_per_node,
         speeds=args.speeds, shares=args.shares, cores=args.cores, max_drop=args.max_drop, weights=args.weights)
     res = planner.plan(req, planner.Calibration.load(args.calibration) if args.calibration else None)
     res["commands"] = planner.commands(res, req)
@@ -303,24 +320,26 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("plan", help="choose N, r and the wire codec for a link (predicted latency, memory, accuracy)")
     p.add_argument("model", help="model name (as in `disco cost`) or a DISCO/dense checkpoint")
-    p.add_argument("--input-shape", type=_shape, required=True, help="e.g. 1,3,224,224")
-    p.add_argument("--bandwidth", help="per-node link bandwidth, e.g. 100mbit (default: unshaped loopback)")
-    p.add_argument("--latency", help="one-way latency per message, e.g. 2ms")
-    p.add_argument("--nodes", type=lambda s: tuple(int(x) for x in s.split(",")), default=(2, 3, 4))
-    p.add_argument("--codecs", default="fp32,fp16,int8")
-    p.add_argument("--ratios", type=_floats, default=(1.0, 0.2, 0.1, 0.05, 0.0))
-    p.add_argument("--max-memory-per-node", type=_memory, help="weights + peak activations, e.g. 200MB")
-    p.add_argument("--speeds", type=_floats, help="relative compute speed of node 0, 1, ... e.g. 1,1,0.5 "
+    p.add_argument("--input-shape", type=shape_arg, required=True, help="e.g. 1,3,224,224")
+    p.add_argument("--bandwidth", type=bandwidth_arg,
+                   help="per-node link bandwidth, e.g. 100mbit (default: unshaped loopback)")
+    p.add_argument("--latency", type=latency_arg, help="one-way latency per message, e.g. 2ms")
+    p.add_argument("--nodes", type=plan_nodes_arg, default=(2, 3, 4), help="candidate N, e.g. 2,3,4")
+    p.add_argument("--codecs", type=plan_codecs_arg, default=("fp32", "fp16", "int8"))
+    p.add_argument("--ratios", type=plan_ratios_arg, default=(1.0, 0.2, 0.1, 0.05, 0.0))
+    p.add_argument("--max-memory-per-node", type=memory_arg, help="weights + peak activations, e.g. 200MB")
+    p.add_argument("--speeds", type=speeds_arg, help="relative compute speed of node 0, 1, ... e.g. 1,1,0.5 "
                    "(unequal speeds also try shares in proportion)")
-    p.add_argument("--shares", type=_shares, help="plan only N = len(shares) with these node shares, e.g. 2,1")
-    p.add_argument("--cores", type=int, help="all nodes share one host with this many cores (as `disco run` on "
-                   "one machine); default: one device per node")
-    p.add_argument("--max-drop", type=float, default=1.0, help="accuracy points the recommendation may lose")
+    p.add_argument("--shares", type=shares_arg, help="plan only N = len(shares) with these node shares, e.g. 2,1")
+    p.add_argument("--cores", type=positive_int, help="all nodes share one host with this many cores (as `disco run` "
+                   "on one machine); default: one device per node")
+    p.add_argument("--max-drop", type=nonnegative_float, default=1.0,
+                   help="accuracy points the recommendation may lose")
     p.add_argument("--weights", help="local state-dict file for a model name")
     p.add_argument("--calibration", help="latency model calibration JSON (default results/latency_model.json)")
     p.add_argument("--plot", help="write the Pareto plot here (.png)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("demo", help="the end-to-end story on the embedded model (no external files)")
