@@ -1,6 +1,8 @@
 """Validate ``disco plan`` on settings its calibration did not see: run each recommendation for real.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py          # results/planner_validation.json
+    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py 3,4      # only these settings (indices)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py --host-check   # the host's slowdown now
 
 For every setting: ``disco plan ... --cores 2 --json`` (the node processes share this host's 2
 cores), then ``disco export MODEL --nodes N [--shares] --ratio r --input-shape ...`` and ``disco run
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 OUT = ROOT / "results" / "planner_validation.json"
 DISCO = [sys.executable, "-m", "disco.cli"]
 SETTINGS = [
@@ -44,7 +47,43 @@ def sh(cmd: list[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def host_check() -> dict:
+    """The one-process latency of resnet50 and cifar_resnet20 now (1 thread, median of 10) against the
+    quiet-host values of results/latency.json: how much the host's load slows everything down."""
+    import numpy as np
+    import torch
+
+    from disco.models import build_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    quiet = {e["model"]: e["latency_ms_median"] for e in json.loads((ROOT / "results" / "latency.json").read_text())
+             ["entries"] if e["mode"] == "single"}
+    out: dict = {"loadavg_1min": round(os.getloadavg()[0], 2),
+                 "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    for name, shape in (("resnet50", (1, 3, 224, 224)), ("cifar_resnet20", (1, 3, 32, 32))):
+        m, x = build_model(name).eval(), torch.randn(shape)
+        with torch.no_grad():
+            for _ in range(2):
+                m(x)
+            ts = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                m(x)
+                ts.append(time.perf_counter() - t0)
+        ms = float(np.median(ts)) * 1e3
+        out[name] = {"one_process_ms_now": round(ms, 2), "quiet_ms": round(quiet[name], 2),
+                     "slowdown": round(ms / quiet[name], 1)}
+    return out
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--host-check"]:
+        data = json.loads(OUT.read_text())
+        data["host_check"] = host_check()
+        OUT.write_text(json.dumps(data, indent=1))
+        print(json.dumps(data["host_check"]))
+        return 0
     only = sys.argv[1:] and [int(i) for i in sys.argv[1].split(",")]
     data = json.loads(OUT.read_text()) if OUT.is_file() else {"entries": []}
     data["method"] = __doc__.strip()
@@ -74,7 +113,8 @@ def main() -> int:
              "plan_seconds": round(plan_s, 1), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
         print(json.dumps(e), flush=True)
         data["entries"] = [x for x in data["entries"] if x["setting"] != s] + [e]
-        OUT.write_text(json.dumps(data, indent=1))
+        data["host_check"] = host_check()
+    OUT.write_text(json.dumps(data, indent=1))
     return 0
 
 
