@@ -733,6 +733,101 @@ def soak_table(data: dict) -> str:
         rows.append(f"| {j} | {n['rss_mb_after_warmup']:.1f} | {n['rss_mb_end']:.1f} | {n['max_deviation_pct']:.2f}% "
                     f"| {n['growth_kb_per_inference']:+.3f} KB | {'yes' if n['flat'] else 'no'} |")
     return "\n".join(rows)
+LEARNED = ("magnitude", "taylor", "lasso")
+
+
+def selection_groups(entries: list[dict]) -> dict[tuple, list[dict]]:
+    """Runs of results/cifar10_selection.json by (budget, N, target r, selection, epochs, subset)."""
+    out: dict[tuple, list[dict]] = {}
+    for e in entries:
+        k = (e["budget"], e["nodes"], e["target_ratio"], e["selection"], e["epochs"], e["train_subset"])
+        out.setdefault(k, []).append(e)
+    return out
+
+
+def _ms(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def selection_table(entries: list[dict]) -> str:
+    """Mean and std of top-1 per selection and setting, and the difference to random links."""
+    groups = selection_groups(entries)
+    rows = ["| budget | N | r | selection | seeds | top-1 mean | std | vs random | fine-tuning |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    order = sorted(groups, key=lambda k: (k[0], -k[1], -k[2], k[4], k[5] or 0,
+                                          ["random", *LEARNED].index(k[3]) if k[3] in LEARNED + ("random",) else 9))
+    for k in order:
+        budget, n, r, sel, ep, sub = k
+        m, sd = _ms([e["top1"] for e in groups[k]])
+        rnd = groups.get((budget, n, r, "random", ep, sub))
+        vs = f"{m - _ms([e['top1'] for e in rnd])[0]:+.2f}" if rnd and sel != "random" else ""
+        ft = f"{ep} epochs on {sub} images" if sub else f"{ep} epochs"
+        rows.append(f"| {budget} | {n} | {r:g} | {sel} | {len(groups[k])} | {m:.2f} | {sd:.2f} | {vs} | {ft} |")
+    return "\n".join(rows)
+
+
+def selection_verdict(entries: list[dict], nodes: int = 4, ratio: float = 0.1) -> str:
+    """Does the best learned selection beat random by >= 1 point, mean - std above random's mean + std?"""
+    groups = selection_groups(entries)
+    lines = []
+    for k in sorted(g for g in groups if g[1] == nodes and g[2] == ratio and g[3] == "random"):
+        rnd = _ms([e["top1"] for e in groups[k]])
+        learned = [(sel, _ms([e["top1"] for e in groups[(k[0], k[1], k[2], sel, k[4], k[5])]]))
+                   for sel in LEARNED if (k[0], k[1], k[2], sel, k[4], k[5]) in groups]
+        if not learned:
+            continue
+        sel, (m, sd) = max(learned, key=lambda x: x[1][0])
+        n_seeds = len(groups[(k[0], k[1], k[2], sel, k[4], k[5])])
+        ok = m - rnd[0] >= 1.0 and m - sd > rnd[0] + rnd[1]
+        verdict = ("met" if ok else "not met") if min(n_seeds, len(groups[k])) >= 3 else "undecided (< 3 seeds)"
+        lines.append(f"N={nodes}, r={ratio:g} ({k[0]} budget, {k[4]} epochs on {k[5]} images): best learned "
+                     f"selection {sel} {m:.2f} +- {sd:.2f} ({n_seeds} seeds) vs random {rnd[0]:.2f} +- {rnd[1]:.2f} "
+                     f"({len(groups[k])} seeds): {m - rnd[0]:+.2f} points; target (>= +1.0 and mean - std above "
+                     f"random's mean + std) {verdict}.")
+    return "\n".join(lines) if lines else "No N=4, r=0.1 runs yet."
+
+
+def plot_selection(entries: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = selection_groups(entries)
+    settings = sorted({(k[0], k[1], k[2]) for k in groups}, key=lambda s: (s[0], -s[1], -s[2]))
+    sels = ["random", *LEARNED]
+    fig, ax = plt.subplots(figsize=(max(5, 2 + 1.6 * len(settings)), 4))
+    for i, sel in enumerate(sels):
+        xs, ms, sds = [], [], []
+        for j, st in enumerate(settings):
+            runs = [e for k, v in groups.items() if (k[0], k[1], k[2]) == st and k[3] == sel for e in v]
+            if runs:
+                m, sd = _ms([e["top1"] for e in runs])
+                xs.append(j + (i - 1.5) * 0.18)
+                ms.append(m)
+                sds.append(sd)
+                ax.scatter([xs[-1]] * len(runs), [e["top1"] for e in runs], s=8, color=f"C{i}", alpha=0.5)
+        if xs:
+            ax.errorbar(xs, ms, yerr=sds, fmt="o", capsize=4, color=f"C{i}", label=sel)
+    ax.set_xticks(range(len(settings)), [f"{b}\nN={n}, r={r:g}" for b, n, r in settings])
+    ax.set_ylabel("CIFAR-10 top-1 (%)")
+    ax.set_xlim(-0.6, len(settings) - 0.4)
+    ax.set_title("Which links to keep (mean +- std over seeds; dots: runs)", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def latency_weight_table(rows: list[dict]) -> str:
+    out = ["| model | N | link | r | latency weight | messages / inference | predicted ms | communication only ms |",
+           "|---|---|---|---|---|---|---|---|"]
+    for e in rows:
+        w = "none" if not e["latency_weight_x"] else f"{e['latency_weight_x']:g} x latency x bandwidth"
+        out.append(f"| {e['model']} | {e['nodes']} | {e['bandwidth_mbit']:g} Mbit/s, {e['latency_ms']:g} ms | "
+                   f"{e['ratio']:.3f} | {w} | {e['messages_per_inference']} | {e['predicted_ms']:.0f} | "
+                   f"{e['predicted_ms_communication_only']:.0f} |")
+    return "\n".join(out)
 
 
 TABLES = {
@@ -760,10 +855,14 @@ TABLES = {
     "headline": (ALL, headline),
     "faults": ("faults", faults_table),
     "soak": ("soak", soak_table),
+    "selection": ("cifar10_selection", selection_table),
+    "selection_verdict": ("cifar10_selection", selection_verdict),
+    "latency_weight": ("latency_weight", latency_weight_table),
 }
 # results JSON name -> plot written next to it as NAME.png
 PLOTS = {"cifar10_resnet": plot_cifar10, "cifar10_vit": plot_cifar10_vit, "sr_rrdbnet": plot_sr,
-         "seg_deeplabv3plus": plot_seg, "det_ssd": plot_det, "latency": plot_latency}
+         "seg_deeplabv3plus": plot_seg, "det_ssd": plot_det, "latency": plot_latency,
+         "cifar10_selection": plot_selection}
 MARKER = re.compile(r"(<!-- table:(\w+) -->\n).*?(<!-- /table:\2 -->)", re.S)
 
 

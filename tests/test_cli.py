@@ -123,6 +123,8 @@ def test_export_and_run_a_sparsified_checkpoint(tiny_cifar, tmp_path, capsys):
     assert r["max_rel_err_vs_single_process"] < 1e-4
     assert r["bytes_sent_total"] == r["bytes_predicted"] == s["bytes"]
     assert r["data"]["n"] == 16 and r["data"]["top1"] == pytest.approx(s["top1"])  # same predictions
+    assert main(["cost", str(sp), "--json"]) == 0  # the cost model counts the messages the run sends
+    assert _json(capsys)["messages_per_inference"] == r["messages_per_inference"] > 2
 
 
 @pytest.mark.dist

@@ -177,19 +177,26 @@ def test_group_lasso_proximal_step_by_hand():
     assert w[1] == pytest.approx([1.0, 3 * 0.92 * 3.8 / 4.6, 2.0, 4 * 0.92 * 3.8 / 4.6, 6 * 0.96, 5.0, 8 * 0.96, 7.0])
 
 
-def test_lasso_pruner_shrinks_first_then_prunes_by_group_norm():
+def test_lasso_pruner_shrinks_what_the_budget_would_drop_then_prunes():
     torch.manual_seed(0)
     model = build_model("cifar_resnet8")
     part = partition(model, (1, 3, 32, 32), 2)
     d = DiscoModel(model, part)
     before = magnitude_scores(d)
+    inside = select_links(part, before, 0.1)  # the budget's choice at the target now
     pr = GradualPruner(d, 0.1, prune_steps=10, every=2, selection="lasso", lasso=0.5, lr_at=lambda s: 0.1)
-    for step in range(1, 5):  # the penalty phase: nothing pruned, every group shrinks
+    for step in range(1, 6):  # the penalty phase (half the pruning steps): nothing pruned
         pr(step, 12)
         assert d.kept.all()
     after = magnitude_scores(d)
-    assert (after < before + 1e-9).all() and (after < before - 1e-6).mean() > 0.9
-    for step in range(5, 13):
+    # the links the budget keeps are untouched; every other one shrank (strength 0.5 * step/5, step 0.1)
+    assert np.array_equal(after[inside], before[inside])
+    out = ~inside & (before > 0)
+    assert (after[out] < before[out] - 1e-9).all()
+    # a group soft-thresholded 5 times loses sum_k 0.1 * 0.5 * k/5 * alpha = 0.15 * alpha of its norm (or all of it)
+    alpha = part.links.values / part.links.values.mean()
+    assert after[out] == pytest.approx(np.maximum(0.0, before[out] - 0.15 * alpha[out]), abs=1e-6)
+    for step in range(6, 13):
         pr(step, 12)
     assert pr.done and abs(d.ratio - 0.1) <= 0.01
     with pytest.raises(ValueError, match="lr_at"):
@@ -216,6 +223,17 @@ def test_link_costs_by_hand():
                                                                      weights=c.weights[kept], minlength=2)).tolist()
 
 
+def test_messages_per_inference_by_hand():
+    """Input to node 1, one message per (tensor, sender, receiver) with a kept link, node 1's output channels."""
+    from disco.cost import estimate
+
+    d, _ = _lasso_model()
+    part = d.partition
+    assert estimate(part, part.no_links()).messages_per_inference == 1 + 0 + 1
+    assert estimate(part, np.array([True, False, False, True])).messages_per_inference == 1 + 2 + 1
+    assert estimate(part).messages_per_inference == 1 + 4 + 1
+
+
 def test_joint_budget_caps_by_hand():
     from disco.cost import estimate
     from disco.sparsify.select import link_costs
@@ -238,3 +256,29 @@ def test_joint_budget_caps_by_hand():
         select_links(part, np.ones(4), 0.5, "joint", max_flops=0.9 * c.flops_floor / c.flops_dense)
     with pytest.raises(ValueError, match="cannot be met by any choice of links"):
         select_links(part, np.ones(4), 0.5, "joint", max_flops=1.0, max_weights_per_node=0.3)  # floor 7/20
+
+
+def test_latency_weight_fills_fewer_messages_by_hand():
+    """N=2, a 4-channel 1x1 conv: node 0 receives channels 2, 3 (one message), node 1 channels 0, 1 (another).
+
+    Scores (receiver, channel): (0, 2) 4, (0, 3) 1, (1, 0) 3, (1, 1) 2.9; room for two links (r = 0.5).
+    By score per byte the best two are (0, 2) and (1, 0): two messages. Charging 100 values per message,
+    (0, 2) opens node 0's message, after which (0, 3) costs only its 16 values: 1/16 beats 3/(16+100).
+    """
+    from disco.cost import estimate
+
+    a = torch.nn.Conv2d(4, 4, 1, bias=False)
+    part = partition(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), a), (1, 3, 4, 4), 2)
+    pairs = list(zip(part.links.receiver.tolist(), part.links.channel.tolist(), strict=True))
+    want = {(0, 2): 4.0, (0, 3): 1.0, (1, 0): 3.0, (1, 1): 2.9}
+    scores = np.array([want[p] for p in pairs])
+    plain = select_links(part, scores, 0.5)
+    assert {p for p, k in zip(pairs, plain, strict=True) if k} == {(0, 2), (1, 0)}
+    charged = select_links(part, scores, 0.5, latency_weight=100)
+    assert {p for p, k in zip(pairs, charged, strict=True) if k} == {(0, 2), (0, 3)}
+    assert part.ratio(charged) == part.ratio(plain) == 0.5  # the same bytes
+    # input to node 1 + link messages + node 1's output channels
+    assert estimate(part, plain).messages_per_inference == 1 + 2 + 1
+    assert estimate(part, charged).messages_per_inference == 1 + 1 + 1
+    with pytest.raises(ValueError, match="global budget"):
+        select_links(part, scores, 0.5, "layer", latency_weight=100)

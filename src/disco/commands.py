@@ -97,7 +97,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
 def budget_options(args: argparse.Namespace) -> dict:
     """The joint budget's caps from the command line (the defaults are the paper's profile)."""
-    return {"max_flops": args.max_flops, "max_weights_per_node": args.max_weights_per_node}
+    return {"max_flops": args.max_flops, "max_weights_per_node": args.max_weights_per_node,
+            "latency_weight": args.latency_weight / getattr(args, "bytes_per_value", 4)}
 
 
 def _add_budget(p: argparse.ArgumentParser) -> None:
@@ -110,6 +111,9 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
                    help="joint budget: total FLOPs at most this fraction of dense")
     p.add_argument("--max-weights-per-node", type=fraction_arg, default=DEFAULT_MAX_WEIGHTS_PER_NODE,
                    help="joint budget: every node's weights at most this fraction of the whole model's")
+    p.add_argument("--latency-weight", type=nonnegative_float, default=0.0,
+                   help="global budget: charge every message (exchange) kept this many bytes when ranking links, "
+                        "e.g. latency x bandwidth (125000 for 20 ms at 50 Mbit/s): fewer, fuller messages")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -290,7 +294,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     _add_budget(s)
     s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random", "lasso"),
                    help="how links are ranked; lasso: a byte-weighted group-lasso penalty first (see --lasso)")
-    s.add_argument("--lasso", type=nonnegative_float, default=0.3, help="group-lasso strength of --selection lasso")
+    s.add_argument("--lasso", type=nonnegative_float, default=2.0,
+                   help="final group-lasso strength of --selection lasso")
     s.add_argument("--epochs", type=positive_int, default=10)
     s.add_argument("--prune-fraction", type=fraction_arg, default=0.5, help="share of the run spent lowering r")
     s.add_argument("--lr", type=positive_float,

@@ -67,6 +67,7 @@ class CostReport:
     bytes_sent_per_node: list[int] = field(default_factory=list)  # link bytes each node sends ...
     bytes_received_per_node: list[int] = field(default_factory=list)  # ... and receives
     shares: list[float] | None = None  # node shares of the channels (None: equal)
+    messages_per_inference: int = 0  # point-to-point messages of one inference, all nodes (what disco run counts)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -162,7 +163,7 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
             flops_dense=c.flops_dense, flops=int(c.flops.sum()),
         ))
     flops_dense = sum(r.flops_dense for r in layer_rows)
-    stats_values = 0
+    stats_values = stats_messages = 0
     for node in gm.graph.nodes:
         rule = part.rules.get(node.name)
         c = rule.cost(part, node) if rule is not None else None
@@ -170,10 +171,13 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
             flops += c.flops
             flops_dense += c.flops_dense
             stats_values += c.stats_values
+            stats_messages += n * (n - 1) if c.stats_values else 0  # every node to every other
 
     # ---- bytes
     input_bytes = sum(math.prod(shape_of(nd)) for nd in gm.graph.nodes
                       if nd.op == "placeholder" and shape_of(nd) is not None) * (n - 1)
+    n_inputs = sum(1 for nd in gm.graph.nodes if nd.op == "placeholder" and shape_of(nd) is not None)
+    messages = n_inputs * (n - 1) + len(np.unique(link_exchanges(part)[kept])) + stats_messages
     output_bytes = 0
     for nd in gm.graph.nodes:
         if nd.op == "output":
@@ -182,6 +186,8 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
                 if own is not None:
                     output_bytes += int(((own != 0) & (own != REPLICATED)).sum()) * (
                         math.prod(shape_of(a)) // len(own))
+                    if not (own == REPLICATED).all():
+                        messages += len(np.unique(own[own > 0]))  # every other owner sends its part
 
     # ---- memory
     peak = _peak_memory(part, kept, bytes_per_value)
@@ -197,7 +203,21 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
         params_per_node=params_per_node(part, kept, layer_costs), peak_activation_bytes_per_node=peak,
         bytes_per_value=bytes_per_value, layers=layer_rows, bytes_sent_per_node=sent,
         bytes_received_per_node=received, shares=list(part.shares) if part.shares else None,
+        messages_per_inference=int(messages),
     )
+
+
+def link_exchanges(part: Partition) -> np.ndarray:
+    """The message each link travels in: one id per (tensor, sending node, receiving node), over link ids."""
+    L = part.links
+    if not len(L):
+        return np.zeros(0, dtype=np.int64)
+    sender = np.zeros(len(L), dtype=np.int64)
+    for t, name in enumerate(part.link_tensors):
+        sel = L.tensor == t
+        sender[sel] = part.owner[name][L.channel[sel]]
+    key = (L.tensor.astype(np.int64) * part.nodes + sender) * part.nodes + L.receiver
+    return np.unique(key, return_inverse=True)[1].astype(np.int64).reshape(-1)
 
 
 def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:

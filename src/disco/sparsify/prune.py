@@ -25,16 +25,19 @@ class GradualPruner:
     fine-tunes the final kept set. Links are never regrown.
 
     ``lasso``: during the first half of the pruning phase no link is dropped; after every
-    optimiser step a proximal group-lasso step (:class:`GroupLasso`, strength ``lasso``, step
-    ``lr_at(step) * lasso``) shrinks every link's weight group, driving the least useful ones,
-    the expensive ones first, to zero. The second half lowers r along the cubic schedule keeping
-    the links of largest group norm (per byte, with the global budget) while the penalty goes on.
+    optimiser step a proximal group-lasso step (:class:`GroupLasso`) shrinks the weight groups of
+    the links that the budget would drop now (those outside its choice at the target r by group
+    norm), with a strength growing linearly from 0 to ``lasso`` (step ``lr_at(step) * strength``).
+    The loss keeps the links it needs (a useful link's group grows back into the budget's choice),
+    and the others fade out before they are cut, the expensive ones fastest. Penalising every link
+    instead (plain group lasso) shrank the links that stay too and cost 20 points at N=4, r=0.1.
+    The second half lowers r along the cubic schedule keeping the links of largest group norm.
     """
 
     def __init__(
         self, dm: DiscoModel, target: float, prune_steps: int, *, budget: str = "global",
         selection: str = "magnitude", every: int = 50, taylor_fn: Callable[[DiscoModel], np.ndarray] | None = None,
-        seed: int = 0, lasso: float = 0.3, lr_at: Callable[[int], float] | None = None,
+        seed: int = 0, lasso: float = 2.0, lr_at: Callable[[int], float] | None = None,
         select_options: dict[str, Any] | None = None,
     ) -> None:
         if selection not in SELECTIONS:
@@ -66,8 +69,12 @@ class GradualPruner:
     def __call__(self, step: int, total_steps: int) -> None:
         if self.done:
             return
-        if self._group is not None:
-            self._group.prox(self.lr_at(step - 1) * self.lasso, self.dm.kept)
+        if self._group is not None and step <= self.start:
+            norms = self._group.norms()
+            keep = select_links(self.dm.partition, norms, self.target, self.budget, within=self.dm.kept,
+                                **self.select_options)
+            strength = self.lasso * step / max(1, self.start)
+            self._group.prox(self.lr_at(step - 1) * strength, self.dm.kept & ~keep)
             if step == self.start:
                 zero = self._group.norms() == 0
                 log.info("group lasso at step %d: %d links (%.3f of the bytes) are zero", step, zero.sum(),

@@ -38,8 +38,9 @@ class SparsifyConfig:
     budget: str = "global"  # or "layer", "joint"
     max_flops: float = DEFAULT_MAX_FLOPS  # joint budget: total FLOPs / dense
     max_weights_per_node: float = DEFAULT_MAX_WEIGHTS_PER_NODE  # joint budget: weights of a node / whole model
+    latency_weight: float = 0.0  # global budget: values charged per message kept (ranking only)
     selection: str = "magnitude"  # or "taylor", "random", "lasso"
-    lasso: float = 0.3  # group-lasso strength (selection "lasso")
+    lasso: float = 2.0  # group-lasso strength at the end of its growth (selection "lasso")
     epochs: int = 10
     prune_fraction: float = 0.5  # share of the run during which r goes down
     lr: float | None = None  # None: the task's finetune_lr (0.02 for cifar10)
@@ -121,6 +122,8 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     lr_factor = cosine_with_warmup(steps, int(warmup * len(loaders.train)))  # type: ignore[arg-type]
     joint = {"max_flops": cfg.max_flops, "max_weights_per_node": cfg.max_weights_per_node,
              "costs": link_costs(part)} if cfg.budget == "joint" else {}
+    if cfg.latency_weight:
+        joint["latency_weight"] = cfg.latency_weight
     pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
                            selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed,
                            lasso=cfg.lasso, lr_at=lambda s: lr * lr_factor(s),  # the schedule fit() follows

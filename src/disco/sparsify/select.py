@@ -39,7 +39,7 @@ class LinkCosts:
 
 def link_costs(part: Partition) -> LinkCosts:
     """Per-link FLOPs, weights and exchange id, and the cost floor at r = 0 (the cost model's accounting)."""
-    from ..cost import estimate
+    from ..cost import estimate, link_exchanges
 
     n = part.n_links
     flops = np.zeros(n, dtype=np.int64)
@@ -51,22 +51,15 @@ def link_costs(part: Partition) -> LinkCosts:
         w = ly.view(part.gm).weight
         flops += 2 * ly.macs_per_connection * count
         weights += count * (math.prod(w.shape[2:]) if w.dim() > 2 else 1)
-    L = part.links
-    sender = np.zeros(n, dtype=np.int64)
-    for t, name in enumerate(part.link_tensors):
-        sel = L.tensor == t
-        sender[sel] = part.owner[name][L.channel[sel]]
-    key = (L.tensor.astype(np.int64) * part.nodes + sender) * part.nodes + L.receiver
-    exchange = np.unique(key, return_inverse=True)[1].astype(np.int64) if n else key
     floor = estimate(part, part.no_links())
-    return LinkCosts(flops, weights, exchange, floor.flops_total, floor.flops_dense,
+    return LinkCosts(flops, weights, link_exchanges(part), floor.flops_total, floor.flops_dense,
                      np.asarray(floor.params_per_node, dtype=np.int64), floor.params_dense)
 
 
 def select_links(
     part: Partition, scores: np.ndarray, ratio: float, budget: str = "global", within: np.ndarray | None = None,
     *, max_flops: float = DEFAULT_MAX_FLOPS, max_weights_per_node: float = DEFAULT_MAX_WEIGHTS_PER_NODE,
-    costs: LinkCosts | None = None,
+    costs: LinkCosts | None = None, latency_weight: float = 0.0,
 ) -> np.ndarray:
     """The kept set for communication ratio ``ratio`` (kept bytes / dense bytes).
 
@@ -79,6 +72,10 @@ def select_links(
     bring to their receiving node (as shares of the room the caps leave above the r = 0 floor), per
     byte, and filled greedily under all three caps; the price is the smallest at which the byte
     budget fills (a Lagrangian relaxation of the two caps). Caps below the floor are refused.
+    ``latency_weight`` (global budget): each exchange (message) that the kept set opens is charged
+    this many values in the ranking, not in the budget: a link that would open a new message ranks
+    by score / (values + latency_weight), a link of an open one by score / values, so that on
+    high-latency links the byte budget goes to fewer, fuller messages (the same bytes).
     ``within`` restricts the choice to a previous kept set (gradual pruning never regrows).
     """
     if not 0.0 <= ratio <= 1.0:
@@ -94,6 +91,12 @@ def select_links(
     vals = part.links.values
     if budget == "joint":
         return _joint(part, scores, ratio, cand, max_flops, max_weights_per_node, costs or link_costs(part))
+    if latency_weight < 0:
+        raise ValueError(f"latency_weight must be >= 0, got {latency_weight}")
+    if latency_weight > 0:
+        if budget != "global":
+            raise ValueError(f"latency_weight works with the global budget, not {budget!r}")
+        return _by_message(part, scores, ratio, cand, latency_weight)
     if budget == "global":
         room = ratio * part.dense_values()
         order = np.argsort(-(scores / vals), kind="stable")
@@ -121,6 +124,43 @@ def select_links(
         idx = np.nonzero(part.links.tensor == t)[0]
         idx = idx[cand[idx]]
         kept[idx[np.argsort(-scores[idx], kind="stable")[:quota[t]]]] = True
+    return kept
+
+
+def _by_message(part: Partition, scores: np.ndarray, ratio: float, cand: np.ndarray, weight: float) -> np.ndarray:
+    """The global budget with a charge of ``weight`` values for every message opened (lazy greedy)."""
+    import heapq
+
+    from ..cost import link_exchanges
+
+    vals = part.links.values.astype(np.float64)
+    ex = link_exchanges(part)
+    room = ratio * part.dense_values()
+    opened = np.zeros(ex.max() + 1 if len(ex) else 0, dtype=bool)
+    cands = np.nonzero(cand)[0]
+    members: dict[int, list[int]] = {}
+    for k in cands.tolist():
+        members.setdefault(int(ex[k]), []).append(k)
+    heap = [(-(scores[k] / (vals[k] + weight)), k) for k in cands.tolist()]
+    heapq.heapify(heap)
+    kept = np.zeros(part.n_links, dtype=bool)
+    done = np.zeros(part.n_links, dtype=bool)  # taken, or did not fit
+    cum = 0.0
+    while heap:
+        _, k = heapq.heappop(heap)
+        if done[k]:
+            continue
+        done[k] = True
+        if cum + vals[k] > room + 1e-9:
+            continue
+        kept[k] = True
+        cum += vals[k]
+        e = int(ex[k])
+        if not opened[e]:  # the rest of its message is cheaper now: queue them again at the better rank
+            opened[e] = True
+            for m in members[e]:
+                if not done[m]:
+                    heapq.heappush(heap, (-(scores[m] / vals[m]), m))
     return kept
 
 
