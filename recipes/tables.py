@@ -454,6 +454,7 @@ HEADLINE = {
     "seg_deeplabv3plus": ("CamVid segmentation", "miou", "mIoU %"),
     "det_ssd": ("detection (generated set)", "map", "mAP"),
     "det_ssd_small": ("detection (generated set)", "map", "mAP"),
+    "imagenette_resnet": ("Imagenette, 1000 photos (proxy for ImageNet)", "top1", "top-1 %"),
 }
 
 
@@ -701,6 +702,39 @@ def plot_latency(data: dict, plot: Path) -> None:
 
 ALL = tuple(HEADLINE)  # a renderer over several results files gets {name: entries}
 
+def imagenette_resnet(entries: list[dict]) -> str:
+    """Imagenette (torchvision ResNet): top-1 and top-5 beside the cost of each split."""
+    dense = next(e for e in entries if e["name"] == "dense")
+    rows = ["| run | N | selection | epochs | r (achieved) | top-1 % | vs dense | top-5 % | KB moved / image | "
+            "FLOPs vs dense | weights / node vs whole |", "|" + "---|" * 11]
+    for e in sorted(entries, key=lambda e: (e["nodes"], -e["ratio"], e["name"])):
+        if e["name"] == "dense":
+            rows.append(f"| dense (one device) | 1 | - | {e['epochs']} | 1 | {e['top1']:.2f} | - | {e['top5']:.2f} "
+                        "| - | 1.00 | 1.00 |")
+            continue
+        rows.append(
+            f"| {e['name']} | {e['nodes']} | {e['selection']} | {e['epochs']} | {e['ratio']:.3f} | {e['top1']:.2f} | "
+            f"{e['top1'] - dense['top1']:+.2f} | {e['top5']:.2f} | {e['bytes'] / 1e3:.1f} (dense "
+            f"{e['dense_bytes'] / 1e3:.1f}) | {e['flops_total'] / e['flops_dense']:.2f} | "
+            f"{max(e['params_per_node']) / e['params_dense']:.2f} |")
+    return "\n".join(rows)
+
+
+def imagenette_summary(entries: list[dict]) -> str:
+    """The issue's check (N=2, r=0.2 within 2 points of dense and above separated branches), from the JSON."""
+    by = {e["name"]: e for e in entries}
+    d = by["dense"]
+    lines = [f"- Dense: {d['top1']:.2f} top-1 after {d['epochs']} epochs from random weights "
+             f"at {d.get('image_size', '?')} px."]
+    if "n2_r0.2" in by:
+        e = by["n2_r0.2"]
+        gap = e["top1"] - d["top1"]
+        lines.append(f"- N=2, r=0.2: {gap:+.2f} points vs dense ({'within' if gap >= -2 else 'not within'} 2 points)"
+                     + (f", {e['top1'] - by['n2_r0']['top1']:+.2f} vs separated branches ({by['n2_r0']['top1']:.2f})"
+                        if "n2_r0" in by else "") + ".")
+    return "\n".join(lines)
+
+
 # page marker -> (results JSON name(s), table renderer)
 # ---- reliability (bench/faults.py, bench/soak.py): docs/faults.md ------------------------------------------------
 
@@ -849,6 +883,8 @@ TABLES = {
     "det_ssd_small": ("det_ssd_small", det_ssd),
     "det_small_summary": ("det_ssd_small", det_summary),
     "det_small_size": ("det_ssd_small", model_size),
+    "imagenette_resnet": ("imagenette_resnet", imagenette_resnet),
+    "imagenette_summary": ("imagenette_resnet", imagenette_summary),
     "latency": ("latency", latency_headline),
     "latency_short": ("latency", latency_short),
     "latency_bench": ("latency", latency_bench),

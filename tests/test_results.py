@@ -9,7 +9,7 @@ from disco.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "cifar10_resnet.json"
-CLASSIFICATION = [RESULTS, ROOT / "results" / "cifar10_vit.json"]
+CLASSIFICATION = [RESULTS, ROOT / "results" / "cifar10_vit.json", ROOT / "results" / "imagenette_resnet.json"]
 
 
 def _committed():

@@ -122,13 +122,20 @@ def sparsify_model(model: nn.Module, task_or_loaders: str | Task | Loaders, conf
 def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str | None = None,
                      weights: str | Path | None = None, epochs: int = 30, lr: float | None = None,
                      weight_decay: float | None = None, optimizer: str | None = None, batch_size: int = 128,
-                     limit: int | None = None, seed: int = 0, eval_every: bool = False) -> dict[str, Any]:
+                     limit: int | None = None, seed: int = 0, eval_every: bool = False,
+                     num_classes: int | None = None, image_size: int | None = None, workers: int | None = None,
+                     cache_dir: str | None = None, device: str | None = None,
+                     amp: str | None = None) -> dict[str, Any]:
     """Train a dense model of a registered ``task`` on the dataset folder ``data`` into the checkpoint ``out``
     (the starting point of DISCO; resumable: ``OUT.state.pt`` is written after every epoch).
 
     ``model`` defaults to the task's; ``lr``, ``weight_decay`` and ``optimizer`` to the task's. Returns
-    ``{"checkpoint": out, **metrics}`` (the task's metrics on its test split).
+    ``{"checkpoint": out, **metrics}`` (the task's metrics on its test split). ``num_classes`` replaces the
+    ``weights`` file's classifier head by a new one; ``image_size``, ``workers`` and ``cache_dir`` are options of
+    the ``imagefolder`` task; ``device`` (auto/cpu/cuda) and ``amp`` (bf16/fp16, CUDA) choose how it runs. Under
+    torchrun (:mod:`disco.distributed`) the run is data-parallel and rank 0 writes ``out``.
     """
+    from . import distributed as D
     from .checkpoint import Checkpoint, save_checkpoint
     from .models import build_model
     from .seed import seed_everything
@@ -137,41 +144,71 @@ def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str
 
     options = dict(task=task, data=str(data), out=str(out), model=model,
                    weights=None if weights is None else str(weights), epochs=epochs, lr=lr, wd=weight_decay,
-                   optimizer=optimizer, batch_size=batch_size, limit=limit, seed=seed, eval_every=eval_every)
+                   optimizer=optimizer, batch_size=batch_size, limit=limit, seed=seed, eval_every=eval_every,
+                   num_classes=num_classes, image_size=image_size, device=device, amp=amp, processes=D.world())
     t = get_task(task)
+    dev = D.resolve_device(device)
+    amp = D.check_amp(amp, dev)
+    if (D.active() or dev.type != "cpu") and not getattr(t, "supports_ddp", False):
+        raise ValueError(f"task {t.name!r} runs in one CPU process only; torchrun and --device cuda work "
+                         "for classification (cifar10, imagefolder)")
+    if hasattr(t, "configure"):
+        t.configure(image_size=image_size, workers=workers, cache=cache_dir, amp=amp)
+    elif image_size is not None or num_classes is not None:
+        raise ValueError(f"--image-size and --num-classes are options of --task imagefolder, not {t.name}")
     seed_everything(seed)
     name = model or t.default_model
-    kwargs = dict(t.model_kwargs)
-    net = build_model(name, weights=weights, **kwargs)
     train_loader, test = t.loaders(str(data), batch_size, limit=limit, seed=seed)
+    kwargs = dict(t.model_kwargs)  # after loaders(): an image folder's class count
+    if num_classes is not None and kwargs.get("num_classes") not in (None, num_classes):
+        raise ValueError(f"--num-classes {num_classes}, but {data} has {kwargs['num_classes']} classes")
+    net = build_model(name, weights=weights, new_head=num_classes is not None, **kwargs)
     out = Path(out)
     lr = lr if lr is not None else getattr(t, "lr", 0.1)
     wd = weight_decay if weight_decay is not None else getattr(t, "weight_decay", 5e-4)
     hist = fit(net, train_loader, t.loss, epochs=epochs, lr=lr, weight_decay=wd,
                state_path=out.with_name(out.name + ".state.pt"),
                optimizer=optimizer or getattr(t, "optimizer", "sgd"),
-               on_epoch=(lambda e: t.evaluate(net, test)) if eval_every else None, desc="train")
+               on_epoch=(lambda e: t.evaluate(net, test)) if eval_every else None, desc="train",
+               device=dev, amp=amp)
     metrics = t.evaluate(net, test)
-    save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=net.state_dict(),
-                               input_shape=list(t.input_shape), task=t.name,
-                               info={"metrics": metrics, "history": hist, "args": options}), out)
-    return {"checkpoint": str(out), **metrics}
+    net.to("cpu")
+    info: dict[str, Any] = {"metrics": metrics, "history": hist, "args": options}
+    if getattr(t, "classes", None):
+        info["classes"] = t.classes
+    if D.is_main():
+        save_checkpoint(Checkpoint(model={"name": name, "kwargs": kwargs}, state_dict=net.state_dict(),
+                                   input_shape=list(t.input_shape), task=t.name, info=info), out)
+    D.barrier()
+    extra = {"processes": D.world(), "global_batch": batch_size * D.world()} if D.world() > 1 else {}
+    return {"checkpoint": str(out), **metrics, **extra}
 
 
 def evaluate(checkpoint: str | Path, data: str | Path, *, batch_size: int = 500,
-             limit: int | None = None) -> dict[str, Any]:
+             limit: int | None = None, device: str | None = None, amp: str | None = None,
+             workers: int | None = None) -> dict[str, Any]:
     """Evaluate a dense or DISCO checkpoint on its task's test split: the task's metrics, with the checkpoint's
-    model, task, N and ratio, and the seconds it took."""
+    model, task, N and ratio, and the seconds it took. ``device``/``amp``/``workers`` as in :func:`train`;
+    under torchrun every rank evaluates its share and the metrics are summed over the ranks."""
     import time
 
+    from . import distributed as D
     from .loading import load
     from .tasks import get_task
+    from .tasks.classification import task_options
 
+    dev = D.resolve_device(device)
+    amp = D.check_amp(amp, dev)
     loaded = load(checkpoint)
     task = get_task(loaded.ckpt.task or "cifar10")
+    task_options(task, loaded.ckpt.info, loaded.ckpt.input_shape)
+    if hasattr(task, "configure"):
+        task.configure(workers=workers, amp=amp)
+    if (D.active() or dev.type != "cpu") and not getattr(task, "supports_ddp", False):
+        raise ValueError(f"task {task.name!r} is evaluated in one CPU process only (use --device cpu)")
     _, test = task.loaders(str(data), batch_size, limit=limit)
     t0 = time.perf_counter()
-    metrics = task.evaluate(loaded.model, test)
+    metrics = task.evaluate(loaded.model.to(dev), test)
     return {"checkpoint": str(checkpoint), "model": loaded.ckpt.model["name"], "task": task.name,
             "nodes": loaded.ckpt.nodes, "ratio": loaded.ckpt.disco["ratio"] if loaded.ckpt.disco else 1.0,
             **metrics, "seconds": round(time.perf_counter() - t0, 2)}

@@ -24,13 +24,17 @@ def _threads(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from . import distributed as D
     from .api import train_checkpoint
     from .validate import prepare_output
 
     res = train_checkpoint(args.task, args.data, prepare_output(args.out), model=args.model, weights=args.weights,
                            epochs=args.epochs, lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer,
-                           batch_size=args.batch_size, limit=args.limit, seed=args.seed, eval_every=args.eval_every)
-    print(json.dumps(res))
+                           batch_size=args.batch_size, limit=args.limit, seed=args.seed, eval_every=args.eval_every,
+                           num_classes=args.num_classes, image_size=args.image_size, workers=args.workers,
+                           cache_dir=args.cache_dir, device=args.device, amp=args.amp)
+    if D.is_main():
+        print(json.dumps(res))
     return 0
 
 
@@ -73,6 +77,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import distributed as D
+
     p = Parser(prog="disco", description="Distributed DNN inference with sparse communications. Exit codes: "
                "0 done, 2 a value or file was refused, 3 a failure during the run.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (and tracebacks of failures)")
@@ -80,8 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a dense model (the starting point of DISCO)")
     t.add_argument("--task", default="cifar10", help="task: " + ", ".join(_task_names()))
-    t.add_argument("--model", help="registered or torchvision model name (default: the task's)")
-    t.add_argument("--weights", help="local state-dict file to start from")
+    t.add_argument("--model", help="registered, torchvision or timm model name (default: the task's)")
+    t.add_argument("--weights", help="local state-dict file (.pth/.pt or .safetensors) to start from")
+    t.add_argument("--num-classes", type=positive_int,
+                   help="replace the --weights file's classifier head by a new one with this many classes "
+                        "(imagefolder: the class count of --data)")
+    t.add_argument("--image-size", type=positive_int, help="imagefolder: training crop and eval size (default 224)")
     t.add_argument("--data", required=True, help="dataset folder (see docs/cli.md for each task's layout)")
     t.add_argument("--epochs", type=positive_int, default=30)
     t.add_argument("--lr", type=positive_float, help="learning rate (default: the task's; 0.1 for cifar10)")
@@ -92,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", action="store_true", help="evaluate after every epoch")
     t.add_argument("--seed", type=int, default=0, help="seeds init, data order and augmentation")
     t.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
+    D.add_device_args(t)
+    t.add_argument("--cache-dir", help="imagefolder: where train.tar/val.tar are unpacked (default ~/.cache/disco)")
     t.add_argument("--out", required=True, help="checkpoint to write (.safetensors); resumes if interrupted")
     t.set_defaults(func=cmd_train)
 
@@ -127,8 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a parse error (2, already printed in one line)
         return int(e.code or 0)
     setup_logging(args.verbose)
+    from . import distributed as D
+
+    prefix = f"disco {args.cmd}"
     try:
         _threads(args)
+        if D.under_torchrun():  # data-parallel train/sparsify/eval (docs/training.md)
+            if args.cmd not in ("train", "sparsify", "eval"):
+                raise ValueError(f"under torchrun only train, sparsify and eval run (data parallel), not {args.cmd}")
+            D.init_from_env(D.resolve_device(getattr(args, "device", None)))
+            prefix = f"disco {args.cmd} [rank {D.rank()}]"
+            if not D.is_main():
+                logging.getLogger().setLevel(logging.WARNING)
         rc = args.func(args)
         sys.stdout.flush()
         return rc
@@ -137,17 +159,22 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
-        print("disco: interrupted", file=sys.stderr)
+        print(f"{prefix}: interrupted (the resumable state of the last finished epoch is kept)", file=sys.stderr)
         return 130
     except Exception as e:  # one line; the traceback with -v
         log.debug("stopped", exc_info=True)
         code = EXIT_REFUSED if isinstance(e, REFUSED) else exit_code(e)
         if code == EXIT_REFUSED:
-            print(f"disco {args.cmd}: error: {_one_line(e)}", file=sys.stderr)
+            print(f"{prefix}: error: {_one_line(e)}", file=sys.stderr)
+        elif D.active() and isinstance(e, RuntimeError | OSError):  # gloo/NCCL: a peer is gone
+            print(f"{prefix}: failed: the data-parallel run lost a rank ({type(e).__name__}: {_one_line(e)[:200]}); "
+                  "rerun the same command to resume from the last finished epoch", file=sys.stderr)
         else:
             hint = "" if args.verbose else " (run with -v for the traceback)"
-            print(f"disco {args.cmd}: failed: {type(e).__name__}: {_one_line(e)}{hint}", file=sys.stderr)
+            print(f"{prefix}: failed: {type(e).__name__}: {_one_line(e)}{hint}", file=sys.stderr)
         return code
+    finally:
+        D.shutdown()
 
 
 if __name__ == "__main__":

@@ -83,7 +83,9 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                          epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso,
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size,
-                         optimizer=args.optimizer, weight_decay=args.wd)
+                         optimizer=args.optimizer, weight_decay=args.wd, device=args.device, amp=args.amp,
+                         workers=args.workers)
+    from . import distributed as D
     from .loading import load
     from .validate import check_data_folder, check_nodes_fit, prepare_output
 
@@ -91,7 +93,8 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
     check_nodes_fit(dense.model, args.nodes, dense.ckpt.model["name"])
     check_data_folder(args.data)
     res = sparsify(args.checkpoint, args.data, prepare_output(args.out), cfg)
-    print(json.dumps(res | {"checkpoint": args.out}))
+    if D.is_main():
+        print(json.dumps(res | {"checkpoint": args.out}))
     return 0
 
 
@@ -117,9 +120,13 @@ def _add_budget(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from . import distributed as D
     from .api import evaluate
 
-    out = evaluate(args.checkpoint, args.data, batch_size=args.batch_size, limit=args.limit)
+    out = evaluate(args.checkpoint, args.data, batch_size=args.batch_size, limit=args.limit, device=args.device,
+                   amp=args.amp, workers=args.workers)
+    if not D.is_main():
+        return 0
     if args.json:
         print(json.dumps(out))
     else:
@@ -266,6 +273,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def add_core_commands(sub: argparse._SubParsersAction) -> None:
     """Register cost, sparsify, eval and demo."""
+    from .distributed import add_device_args
+
     c = sub.add_parser("cost", help="bytes, FLOPs, weights and memory of a split model")
     c.add_argument("model", help="torchvision or registered model name, or a DISCO checkpoint")
     c.add_argument("--nodes", type=nodes_arg, help="N >= 2 (default 2, or the number of --shares; "
@@ -311,6 +320,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0,
                    help="seeds everything random: data order, augmentation, subset, random links")
     s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
+    add_device_args(s)
     s.add_argument("--out", required=True, help="DISCO checkpoint to write (.safetensors); resumes if interrupted")
     s.set_defaults(func=cmd_sparsify)
 
@@ -321,6 +331,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--limit", type=positive_int, help="evaluate only the first LIMIT test images")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")
+    add_device_args(e)
     e.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plan", help="choose N, r and the wire codec for a link (predicted latency, memory, accuracy)")

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from . import distributed as D
+
 log = logging.getLogger(__name__)
 notice = logging.getLogger("disco.notice")  # shown without -v by the command line (resume, skip)
 
@@ -92,6 +94,9 @@ def fit(
     on_epoch: Callable[[int], dict[str, float]] | None = None,
     desc: str = "train",
     optimizer: str = "sgd",
+    device: torch.device | str | None = None,
+    amp: str | None = None,
+    channels_last: bool | None = None,
 ) -> list[dict[str, float]]:
     """Train with SGD (momentum 0.9, Nesterov), Adam (``"adam"``, betas 0.9/0.99) or AdamW (``"adamw"``),
     cosine schedule with warmup.
@@ -99,7 +104,24 @@ def fit(
     With ``state_path`` the run checkpoints after every epoch and continues from there
     when started again. ``teacher`` with ``distill_fn`` adds ``distill_weight * distill_fn``.
     Returns one dict per epoch (loss and whatever ``on_epoch`` measured).
+
+    ``device`` (default: where the model is) and ``amp`` (``"bf16"``/``"fp16"`` autocast, CUDA only)
+    choose how it runs; ``channels_last`` (default: on CUDA) sets the memory format of 4-d inputs and
+    weights. Under torch.distributed (torchrun) the model is wrapped in DistributedDataParallel, the
+    loss is averaged over ranks, and only rank 0 writes the resumable state; the hook's kept links
+    are rank 0's (see :class:`disco.distributed.KeptFromRankZero`).
     """
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    amp = D.check_amp(amp, dev)
+    if channels_last is None:
+        channels_last = dev.type == "cuda"
+    model.to(dev)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    if teacher is not None:
+        teacher.to(dev)
+        if channels_last:
+            teacher.to(memory_format=torch.channels_last)
     steps_per_epoch = len(train_loader)  # type: ignore[arg-type]
     total = epochs * steps_per_epoch
     decay, no_decay = [], []
@@ -135,20 +157,42 @@ def fit(
             notice.info("resuming from %s at epoch %d/%d", state_path, start_epoch + 1, epochs)
     if teacher is not None:
         teacher.eval()
+    net: nn.Module = model
+    if D.active():
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        if hook is not None and not isinstance(hook, D.KeptFromRankZero) and hasattr(hook, "dm"):
+            hook = D.KeptFromRankZero(hook)  # type: ignore[arg-type]
+    log.info("%s: %d step(s) per epoch on %s, %d process(es), global batch %s%s", desc, steps_per_epoch, dev,
+             D.world(), _global_batch(train_loader), f", autocast {amp}" if amp else "")
+    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     for epoch in range(start_epoch, epochs):
-        model.train()
+        net.train()
+        if hasattr(train_loader, "set_epoch"):
+            train_loader.set_epoch(epoch)
         tot, n, recent = 0.0, 0, 0.0
-        bar = tqdm(train_loader, desc=f"{desc} {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
+        bar = tqdm(train_loader, desc=f"{desc} {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True,
+                   disable=not D.is_main())
         for i, (x, y) in enumerate(bar):
-            out = model(x)
-            loss = loss_fn(out, y)
-            if teacher is not None and distill_fn is not None and distill_weight > 0:
-                with torch.no_grad():
-                    t_out = teacher(x)
-                loss = (1 - distill_weight) * loss + distill_weight * distill_fn(out, t_out)
+            if dev.type != "cpu":
+                x, y = _to(x, dev, fmt), _to(y, dev, None)
+            with D.autocast(dev, amp):
+                out = net(x)
+                loss = loss_fn(out, y)
+                if teacher is not None and distill_fn is not None and distill_weight > 0:
+                    with torch.no_grad():
+                        t_out = teacher(x)
+                    loss = (1 - distill_weight) * loss + distill_weight * distill_fn(out, t_out)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
             sched.step()
             if hook is not None:
                 hook(epoch * steps_per_epoch + i + 1, total)
@@ -157,15 +201,36 @@ def fit(
             n += len(y)
             recent = v if i == 0 else 0.9 * recent + 0.1 * v  # the bar shows the recent loss, not the mean
             bar.set_postfix(loss=f"{recent:.4f}", lr=f"{sched.get_last_lr()[0]:.4g}", refresh=False)
+        tot, n = D.all_reduce_sum([tot, float(n)])
+        D.sync_buffers(model)
         rec = {"epoch": epoch + 1, "loss": tot / max(n, 1)}
         if on_epoch is not None:
             rec.update(on_epoch(epoch + 1))
         history.append(rec)
         log.info("%s epoch %d/%d %s", desc, epoch + 1, epochs, {k: round(v, 4) for k, v in rec.items()})
-        if state_path:
+        if state_path and D.is_main():
             save_state({
                 "epoch": epoch + 1, "model": model.state_dict(), "optim": opt.state_dict(),
                 "sched": sched.state_dict(), "history": history, "rng": torch.get_rng_state(),
                 "hook": hook.state_dict() if hook is not None else None,
             }, state_path)
+        D.barrier()  # no rank runs ahead of the state that a resume would start from
+    if channels_last:
+        model.to(memory_format=torch.contiguous_format)
     return history
+
+
+def _to(x: Any, dev: torch.device, fmt: torch.memory_format | None) -> Any:
+    if isinstance(x, Tensor):
+        x = x.to(dev, non_blocking=True)
+        return x.contiguous(memory_format=fmt) if fmt is not None and x.dim() == 4 else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, dev, fmt) for v in x)
+    if isinstance(x, dict):
+        return {k: _to(v, dev, fmt) for k, v in x.items()}
+    return x
+
+
+def _global_batch(loader: Any) -> str:
+    b = getattr(loader, "batch_size", None) or getattr(getattr(loader, "loader", None), "batch_size", None)
+    return f"{b} x {D.world()} = {b * D.world()}" if b else "unknown"

@@ -138,7 +138,7 @@ class CifarLoader:
 
     def __init__(
         self, root: str | Path, split: str, batch_size: int = 128, train: bool = False,
-        limit: int | None = None, seed: int = 0,
+        limit: int | None = None, seed: int = 0, rank: int = 0, world: int = 1,
     ) -> None:
         x, y = load_cifar10(root, split)
         if limit is not None:  # a class-balanced deterministic subset (the tars are sorted by class)
@@ -147,12 +147,19 @@ class CifarLoader:
         self.x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()  # uint8 NCHW
         self.y = torch.from_numpy(y)
         self.batch_size, self.train = batch_size, train
+        self.rank, self.world = rank, world  # under torch.distributed each rank reads its share
         self.gen = torch.Generator().manual_seed(seed)
         self.mean = torch.tensor(MEAN).view(1, 3, 1, 1)
         self.std = torch.tensor(STD).view(1, 3, 1, 1)
 
+    def _count(self) -> int:
+        n = len(self.y)
+        if self.train:  # padded to a multiple of world (as DistributedSampler): every rank does the same steps
+            return (n + self.world - 1) // self.world
+        return len(range(self.rank, n, self.world))
+
     def __len__(self) -> int:
-        return (len(self.y) + self.batch_size - 1) // self.batch_size
+        return (self._count() + self.batch_size - 1) // self.batch_size
 
     def restrict(self, n: int, seed: int) -> CifarLoader:
         """Keep ``n`` images drawn with ``seed`` (a fixed subset per seed); returns ``self``."""
@@ -175,7 +182,12 @@ class CifarLoader:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         n = len(self.y)
         order = torch.randperm(n, generator=self.gen) if self.train else torch.arange(n)
-        for i in range(0, n, self.batch_size):
+        if self.world > 1:
+            if self.train:  # the same permutation on every rank (same seed), padded, then strided
+                pad = self._count() * self.world - n
+                order = torch.cat([order, order[:pad]])
+            order = order[self.rank::self.world]
+        for i in range(0, len(order), self.batch_size):
             idx = order[i:i + self.batch_size]
             x = self.x[idx].float().div_(255)
             if self.train:

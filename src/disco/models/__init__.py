@@ -23,11 +23,12 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_model(name: str, weights: str | Path | None = None, **kwargs: Any) -> nn.Module:
-    """Build a registered or torchvision model with random weights, or load ``weights``.
+def build_model(name: str, weights: str | Path | None = None, new_head: bool = False, **kwargs: Any) -> nn.Module:
+    """Build a registered, torchvision or timm model with random weights, or load ``weights``.
 
     ``weights`` is a local file (a ``state_dict`` saved with ``torch.save`` or a
-    ``.safetensors`` file): there is no download.
+    ``.safetensors`` file): there is no download. With ``new_head`` the classifier head of the
+    file may have another class count than the model (``num_classes``): it is left newly initialised.
     """
     if name.startswith("timm/"):  # timm's model where torchvision has one of the same name (efficientnet_b0)
         model = _timm_model(name.removeprefix("timm/"), kwargs)
@@ -41,7 +42,7 @@ def build_model(name: str, weights: str | Path | None = None, **kwargs: Any) -> 
         else:
             model = _timm_model(name, kwargs)
     if weights is not None:
-        load_weights(model, weights)
+        load_weights(model, weights, new_head=new_head)
     return model.eval()
 
 
@@ -56,24 +57,77 @@ def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
     return timm.create_model(name, pretrained=False, **kwargs)  # never downloads
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Load a local state-dict file (``.pth``/``.pt`` or ``.safetensors``) into ``model``."""
+def classifier_head(model: nn.Module) -> str | None:
+    """The module name of the classifier head: timm's ``get_classifier()``, else the last ``nn.Linear``."""
+    head = None
+    if hasattr(model, "get_classifier"):
+        try:
+            target = model.get_classifier()
+        except Exception:  # noqa: BLE001  (a model may implement it partially)
+            target = None
+        for n, m in model.named_modules():
+            if m is target and isinstance(m, nn.Linear):
+                return n
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            head = n
+    return head
+
+
+def _read_state(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unpickling, safetensors header, truncated file: many types
+        raise ValueError(f"weights {path} cannot be read as a state dict or safetensors file "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from e
+    if isinstance(state, dict):
+        for key in ("state_dict", "model", "model_state_dict"):
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"weights {path} hold no state dict of tensors")
+    if state and all(k.startswith("module.") for k in state):  # saved from a DDP-wrapped model
+        state = {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
+def load_weights(model: nn.Module, path: str | Path, new_head: bool = False) -> None:
+    """Load a local state-dict file (``.pth``/``.pt`` or ``.safetensors``) into ``model``.
+
+    A file that does not fit is refused with the missing, unexpected and wrongly shaped keys by
+    name. With ``new_head`` a classifier head of another shape (another class count) is skipped and
+    keeps its fresh initialisation.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"weights {path} do not fit the model: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
-        )
+    state = _read_state(path)
+    own = model.state_dict()
+    shape = sorted(k for k in state if k in own and state[k].shape != own[k].shape)
+    head = classifier_head(model)
+    head_keys = {f"{head}.weight", f"{head}.bias"} if head else set()
+    if shape and set(shape) <= head_keys:
+        if not new_head:
+            w = f"{head}.weight"
+            raise ValueError(f"weights {path} have a {state[w].shape[0]}-class head ({w}), the model has "
+                             f"{own[w].shape[0]} classes: pass --num-classes {own[w].shape[0]} to start a new head")
+        log.warning("weights %s: classifier head %s (%d classes) not loaded; a new %d-class head is trained",
+                    path, head, state[f"{head}.weight"].shape[0], own[f"{head}.weight"].shape[0])
+        state = {k: v for k, v in state.items() if k not in shape}
+        shape = []
+    missing = sorted(set(own) - set(state) - ({*head_keys} if new_head else set()))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected or shape:
+        parts = [f"{len(v)} {what} ({', '.join(v[:4])}{', ...' if len(v) > 4 else ''})"
+                 for what, v in (("missing", missing), ("unexpected", unexpected), ("of another shape", shape)) if v]
+        raise ValueError(f"weights {path} do not fit model {type(model).__name__}: keys " + "; ".join(parts))
+    model.load_state_dict(state, strict=False)
     log.info("loaded weights from %s", path)
 
 

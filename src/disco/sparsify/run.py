@@ -13,6 +13,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import distributed as D
 from ..cost import estimate
 from ..graph import partition
 from ..loading import load, save_disco
@@ -52,6 +53,9 @@ class SparsifyConfig:
     limit: int | None = None
     train_subset: int | None = None  # fine-tune on this many training images, a fixed subset per seed
     seed: int = 0  # governs everything random: data order, augmentation, random links, init
+    device: str | None = None  # auto/None (cuda when present), cpu or cuda
+    amp: str | None = None  # bf16 or fp16 autocast (CUDA only)
+    workers: int | None = None  # loader worker processes (image-folder task)
 
 
 def _subset(loader: Any, cfg: SparsifyConfig, task: str) -> Any:
@@ -102,9 +106,12 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
 
     Returns the DISCO model, the result entry (nodes, achieved ratio, metrics, cost) and what a checkpoint
     records (``metrics``, ``history`` and the ``config`` with the values used). ``state_path`` makes the run
-    resumable. Seeds everything from ``cfg.seed`` first.
+    resumable. Seeds everything from ``cfg.seed`` first. Runs on ``cfg.device`` (the model is back on the CPU
+    when it returns); under torchrun (:mod:`disco.distributed`) data-parallel, every rank keeping rank 0's links.
     """
     seed_everything(cfg.seed)
+    device = D.resolve_device(cfg.device)
+    D.check_amp(cfg.amp, device)
     if cfg.distill > 0 and loaders.distill is None:
         raise ValueError("distill > 0 needs a distillation loss (Loaders.distill)")
     teacher = copy.deepcopy(model).eval() if cfg.distill > 0 else None
@@ -114,7 +121,8 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     taylor_fn = None
     if cfg.selection == "taylor":
         calib = loaders.calibration if loaders.calibration is not None else loaders.train
-        taylor_fn = lambda d: taylor_scores(d, itertools.islice(iter(calib), 4), loaders.loss)  # noqa: E731
+        taylor_fn = lambda d: taylor_scores(  # noqa: E731
+            d, ((x.to(device), y.to(device)) for x, y in itertools.islice(iter(calib), 4)), loaders.loss)
     lr = cfg.lr if cfg.lr is not None else loaders.lr
     wd = cfg.weight_decay if cfg.weight_decay is not None else loaders.weight_decay
     cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
@@ -124,17 +132,18 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
              "costs": link_costs(part)} if cfg.budget == "joint" else {}
     if cfg.latency_weight:
         joint["latency_weight"] = cfg.latency_weight
-    pruner = GradualPruner(dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget,
-                           selection=cfg.selection, every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed,
-                           lasso=cfg.lasso, lr_at=lambda s: lr * lr_factor(s),  # the schedule fit() follows
-                           select_options=joint)
+    pruner = D.KeptFromRankZero(GradualPruner(  # under torchrun every rank keeps rank 0's links
+        dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget, selection=cfg.selection,
+        every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed, lasso=cfg.lasso,
+        lr_at=lambda s: lr * lr_factor(s),  # the schedule fit() follows
+        select_options=joint))
     if cfg.epochs == 0:
         pruner(pruner.prune_steps, pruner.prune_steps)
     hist = fit(dm, loaders.train, loaders.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
                optimizer=cfg.optimizer or loaders.optimizer,
                warmup_epochs=warmup, state_path=state_path,
                teacher=teacher, distill_fn=loaders.distill, distill_weight=cfg.distill, hook=pruner,
-               desc=f"sparsify N={cfg.nodes} r={cfg.ratio}")
+               desc=f"sparsify N={cfg.nodes} r={cfg.ratio}", device=device, amp=cfg.amp)
     if not pruner.done:
         pruner(pruner.prune_steps, pruner.prune_steps)
     metrics = loaders.evaluate(dm, loaders.test) if loaders.evaluate and loaders.test is not None else {}
@@ -147,25 +156,42 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
         "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
         "params_dense": rep.params_dense,
     }
+    if D.world() > 1:
+        result["processes"] = D.world()
+    dm.to("cpu")
     log.info("sparsified: %s", result)
     return dm, result, {"metrics": metrics, "history": hist, "config": asdict(cfg)}
 
 
-def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig) -> dict[str, Any]:
+def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig,
+             return_model: bool = False) -> Any:
     """Fine-tune the dense checkpoint ``dense`` into a DISCO model at ``cfg.ratio``; resumable.
 
-    Returns the result entry (nodes, achieved ratio, metrics, cost) and writes ``out``.
+    Returns the result entry (nodes, achieved ratio, metrics, cost) and writes ``out`` (rank 0 only
+    under torchrun); with ``return_model`` returns ``(result, DiscoModel)``.
     """
+    from ..tasks.classification import task_options
+
     seed_everything(cfg.seed)
     loaded = load(dense)
     if loaded.partition is not None:
         raise ValueError(f"{dense} is already a DISCO checkpoint; start from a dense one")
     ckpt = loaded.ckpt
     task = get_task(ckpt.task or "cifar10")
+    task_options(task, ckpt.info, ckpt.input_shape)
+    if hasattr(task, "configure"):
+        task.configure(workers=cfg.workers, amp=cfg.amp)
+    if (D.active() or D.resolve_device(cfg.device).type != "cpu") and not getattr(task, "supports_ddp", False):
+        raise ValueError(f"task {task.name!r} runs in one CPU process only; torchrun and --device cuda "
+                         "work for classification (cifar10, imagefolder)")
     loaders = Loaders.from_task(task, data, cfg)
     out = Path(out)
     dm, result, info = sparsify_model(loaded.model, loaders, cfg, tuple(ckpt.input_shape),
                                       state_path=out.with_name(out.name + ".state.pt"))
-    save_disco(dm, out, ckpt.model, task=task.name, info={**info, "dense": str(dense)},
-               extra={"budget": cfg.budget, "selection": result["selection"]})
-    return result
+    if "classes" in ckpt.info:
+        info["classes"] = ckpt.info["classes"]
+    if D.is_main():
+        save_disco(dm, out, ckpt.model, task=task.name, info={**info, "dense": str(dense)},
+                   extra={"budget": cfg.budget, "selection": result["selection"]})
+    D.barrier()
+    return (result, dm) if return_model else result
