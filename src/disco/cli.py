@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import torch
 
 from .runtime.errors import EXIT_REFUSED, exit_code
-from .validate import nonnegative_float, positive_float, positive_int
+from .validate import nonnegative_float, nonnegative_int, positive_float, positive_int
 
 log = logging.getLogger("disco")
 NOTICE = "disco.notice"  # logger for what a user must hear without -v (resumed, skipped, wrote)
@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(imagefolder: the class count of --data)")
     t.add_argument("--image-size", type=positive_int, help="imagefolder: training crop and eval size (default 224)")
     t.add_argument("--data", required=True, help="dataset folder (see docs/cli.md for each task's layout)")
-    t.add_argument("--epochs", type=positive_int, default=30)
+    t.add_argument("--epochs", type=nonnegative_int, default=30,
+                   help="0: no training, only the checkpoint of --weights (evaluated)")
     t.add_argument("--lr", type=positive_float, help="learning rate (default: the task's; 0.1 for cifar10)")
     t.add_argument("--wd", type=nonnegative_float, help="weight decay (default: the task's; 5e-4 for cifar10)")
     t.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the task's (sgd for cifar10, adam for sr)")
