@@ -30,7 +30,7 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     """--device, --amp and --workers (train, sparsify, eval)."""
     p.add_argument("--device", choices=DEVICES, default="auto", help="auto = cuda when present (default)")
     p.add_argument("--amp", choices=AMP, help="autocast on CUDA (bf16, or fp16 with loss scaling); refused on CPU")
-    p.add_argument("--workers", type=int, help="imagefolder: DataLoader worker processes (default 4)")
+    p.add_argument("--workers", type=int, help="imagefolder: DataLoader worker processes (default: min(4, CPU count))")
 
 
 def resolve_device(name: str | None) -> torch.device:

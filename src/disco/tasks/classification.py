@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ class ImageFolderTask(_Classification):
     name = "imagefolder"
     default_model = "resnet18"
     image_size = 224
-    workers = 4
+    workers = min(4, os.cpu_count() or 1)
     cache: str | None = None
     amp: str | None = None
     classes: list[str] | None = None  # read from the data by loaders()
