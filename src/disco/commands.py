@@ -301,7 +301,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--ratio", type=ratio_arg, required=True,
                    help="target communication ratio in [0, 1] (0 = separated)")
     _add_budget(s)
-    s.add_argument("--selection", default="magnitude", choices=("magnitude", "taylor", "random", "lasso"),
+    s.add_argument("--selection", default="lasso", choices=("lasso", "magnitude", "taylor", "random"),
                    help="how links are ranked; lasso: a byte-weighted group-lasso penalty first (see --lasso)")
     s.add_argument("--lasso", type=nonnegative_float, default=2.0,
                    help="final group-lasso strength of --selection lasso")

@@ -40,7 +40,7 @@ class SparsifyConfig:
     max_flops: float = DEFAULT_MAX_FLOPS  # joint budget: total FLOPs / dense
     max_weights_per_node: float = DEFAULT_MAX_WEIGHTS_PER_NODE  # joint budget: weights of a node / whole model
     latency_weight: float = 0.0  # global budget: values charged per message kept (ranking only)
-    selection: str = "magnitude"  # or "taylor", "random", "lasso"
+    selection: str = "lasso"  # or "magnitude", "taylor", "random" (lasso: the best measured, docs/selection.md)
     lasso: float = 2.0  # group-lasso strength at the end of its growth (selection "lasso")
     epochs: int = 10
     prune_fraction: float = 0.5  # share of the run during which r goes down
