@@ -253,7 +253,8 @@ def cases() -> list[Case]:
             out.append(Case(f"{tag}_run", f"{sig} of the {who} after 5 inferences", 3,
                             ["--fail-rank", str(rank), "--fail-after", "5", *sa], needs=lost))
             out.append(Case(f"{tag}_stream", f"{sig} of the {who} mid-stream (--stream 8)", 3,
-                            ["--stream", "8", "--fail-rank", str(rank), "--fail-at", "stream", "--fail-after", "20",
+                            ["--iters", "60", "--stream", "8", "--fail-rank", str(rank), "--fail-at", "stream",
+                             "--fail-after", "20",
                              *sa], needs=lost))
     out += [
         Case("edit_kept", "manifest: one kept link moved", 2, edit=move_one_link, needs="field 'kept'"),
