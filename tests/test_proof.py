@@ -132,8 +132,6 @@ def _disco(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_export_by_model_name_then_run_and_fail_on_a_wrong_answer(tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
-
     d = tmp_path / "e"
     r = _disco("export", "cifar_resnet8", "--nodes", "2", "--ratio", "0.2", "--input-shape", "1,3,32,32",
                "--out", str(d), "--json")
@@ -145,10 +143,8 @@ def test_export_by_model_name_then_run_and_fail_on_a_wrong_answer(tmp_path: Path
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["max_rel_err_vs_single_process"] <= 1e-4 and rep["bytes_sent_total"] == rep["bytes_predicted"]
-    ref = load_file(str(d / "reference.safetensors"))
-    ref["output"] = ref["output"] * 1.01  # the reference no longer matches: a 1% error
-    save_file(ref, str(d / "reference.safetensors"))
-    r = _disco("run", str(d), "--nodes", "2", "--json", *fast)
+    # fp16 on the wire: an error near 1e-3, above the limit asked for (the reference itself is checksummed)
+    r = _disco("run", str(d), "--nodes", "2", "--json", "--codec", "fp16", "--max-rel-err", "1e-6", *fast)
     assert r.returncode == 3 and "--max-rel-err" in r.stderr
-    r = _disco("run", str(d), "--nodes", "2", "--json", "--max-rel-err", "0.1", *fast)
+    r = _disco("run", str(d), "--nodes", "2", "--json", "--codec", "fp16", "--max-rel-err", "0.1", *fast)
     assert r.returncode == 0, r.stderr
