@@ -56,13 +56,14 @@ def _part_of(model: DiscoModel | Partition) -> Partition:
 
 
 def select_links(model: DiscoModel, ratio: float, *, budget: str = "global",
-                 scores: str | np.ndarray = "magnitude", seed: int = 0) -> np.ndarray:
+                 scores: str | np.ndarray = "magnitude", seed: int = 0, **budget_options: Any) -> np.ndarray:
     """The links to keep for communication ratio ``ratio`` (kept bytes / bytes of dense within-layer
     parallelism): a boolean array over ``model.partition``'s links, for :meth:`DiscoModel.set_kept`.
 
     ``scores``: ``"magnitude"`` (norm of the weight columns a link feeds), ``"random"``, or an array with one
     score per link (e.g. :func:`disco.sparsify.taylor_scores`). ``budget``: ``"global"`` ranks links by score
-    per byte across all layers; ``"layer"`` keeps the share ``ratio`` of every tensor's links.
+    per byte across all layers; ``"layer"`` keeps the share ``ratio`` of every tensor's links; ``"joint"`` adds
+    caps on FLOPs and weights per node (``max_flops=``, ``max_weights_per_node=``: fractions of dense).
     """
     from .sparsify import magnitude_scores, random_scores
     from .sparsify import select_links as _select
@@ -75,7 +76,7 @@ def select_links(model: DiscoModel, ratio: float, *, budget: str = "global",
             scores = random_scores(part.n_links, seed)
         else:
             raise ValueError(f"scores must be 'magnitude', 'random' or an array of link scores, got {scores!r}")
-    return _select(part, scores, ratio, budget)
+    return _select(part, scores, ratio, budget, **budget_options)
 
 
 def estimate(model: DiscoModel | Partition, kept: np.ndarray | None = None,

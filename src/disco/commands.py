@@ -36,12 +36,10 @@ def _is_checkpoint(s: str) -> bool:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from .cost import estimate, format_table
-    from .graph import partition
+    from .api import DiscoModel, estimate, partition, select_links
+    from .cost import format_table
     from .loading import load
-    from .masks import DiscoModel
     from .models import build_model
-    from .sparsify import magnitude_scores, select_links
     from .validate import check_input_shape, check_nodes_fit, default_input_shape
 
     if _is_checkpoint(args.model):
@@ -65,8 +63,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         check_input_shape(model, shape, args.model)
         check_nodes_fit(model, nodes, args.model)
         part = partition(model, shape, nodes, args.shares)
-        dm = DiscoModel(model, part)
-        kept = select_links(part, magnitude_scores(dm), args.ratio, args.budget, **budget_options(args))
+        kept = select_links(DiscoModel(model, part), args.ratio, budget=args.budget, **budget_options(args))
     rep = estimate(part, kept, bytes_per_value=args.bytes_per_value)
     if args.json:
         print(json.dumps(rep.to_json() | {"model": args.model}))
