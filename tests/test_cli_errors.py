@@ -86,7 +86,7 @@ def test_default_input_shape(name, shape):
     (["cost", "vit_tiny_test", "--input-shape", "1,3,64,64"], ["cannot take input shape 1,3,64,64", "1,3,32,32"]),
     (["cost", "cifar_resnet8", "--ratio", "1.5"], ["--ratio", "[0, 1]"]),
     (["cost", "no_such_model_xyz"], ["unknown model"]),
-    (["train", "--data", "x", "--epochs", "0", "--out", "o.safetensors"], ["--epochs", "> 0"]),
+    (["train", "--data", "x", "--epochs", "0", "--out", "o.safetensors"], ["--epochs", "> 0", "--weights"]),
     (["train", "--data", "x", "--limit", "0", "--out", "o.safetensors"], ["--limit", "> 0"]),
     (["train", "--data", "x", "--task", "nope", "--out", "o.safetensors"], ["unknown task"]),
     (["sparsify", "d.safetensors", "--data", "x", "--ratio", "0.2", "--epochs", "-1", "--out", "o"], ["--epochs"]),

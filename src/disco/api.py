@@ -142,7 +142,11 @@ def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str
     from .seed import seed_everything
     from .tasks import get_task
     from .train import fit
+    from .validate import InputError
 
+    if epochs == 0 and weights is None:
+        raise InputError("--epochs must be > 0 unless --weights gives the checkpoint to write "
+                         "(--epochs 0 with no --weights would write an untrained model)")
     options = dict(task=task, data=str(data), out=str(out), model=model,
                    weights=None if weights is None else str(weights), epochs=epochs, lr=lr, wd=weight_decay,
                    optimizer=optimizer, batch_size=batch_size, limit=limit, seed=seed, eval_every=eval_every,

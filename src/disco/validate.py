@@ -157,7 +157,10 @@ def default_input_shape(name: str, model: nn.Module | None = None) -> tuple[int,
 
     for task in _TASKS.values():
         if getattr(task, "default_model", None) == name:
-            return tuple(task.input_shape)
+            shape = task.input_shape
+            if isinstance(shape, property):  # a task whose shape follows its settings (image folder)
+                shape = task().input_shape
+            return tuple(shape)
     if model is not None:
         cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
         size = cfg.get("input_size") if isinstance(cfg, dict) else None

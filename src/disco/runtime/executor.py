@@ -94,14 +94,20 @@ class Executor:
                 mod = self.recv_mods.get(name) or self.gm.get_submodule(nd.target)
                 inplace = inplace or bool(getattr(mod, "inplace", False))
 
+            received: list[int] = []
+
             def arg(a: fx.Node) -> Any:
                 if plan.part.owner.get(a.name) is None:
                     return self._env[a.name]
                 v = self._recv_view(a.name, renv, pending)
+                received.append(v.shape[plan.part.cdim[a.name]])
                 return v.clone() if inplace else v  # the received view may feed other consumers
 
             args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), arg)
-            val = mod(*args, **kwargs) if nd.op == "call_module" else self._call(nd, args, kwargs)
+            if received and not any(received):  # nothing arrived: some ops (interpolate) refuse empty input
+                val = torch.zeros(local_shape(plan, name, 0))
+            else:
+                val = mod(*args, **kwargs) if nd.op == "call_module" else self._call(nd, args, kwargs)
         elif rule is not None and rule.kind == "view":
             if isinstance(rule, Flatten):
                 src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
