@@ -56,12 +56,12 @@ def calibrate_overhead(data: dict[str, Any], delay: dict[str, lat.Delay], cores:
         return 0.0
     target = e["latency_ms_median"] / 1e3
     lo, hi = 0.0, 0.01
-    if lat.simulate(progs, LinkModel(None), cores, delay["none"]) >= target:
+    if lat.replay(progs, LinkModel(None), cores, delay["none"]) >= target:
         o = 0.0
     else:
         for _ in range(30):
             mid = (lo + hi) / 2
-            if lat.simulate(lat.with_overhead(progs, mid), LinkModel(None), cores, delay["none"]) < target:
+            if lat.replay(lat.with_overhead(progs, mid), LinkModel(None), cores, delay["none"]) < target:
                 lo = mid
             else:
                 hi = mid

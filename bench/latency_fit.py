@@ -12,7 +12,7 @@ Two fits, on a calibration subset (every other entry in key order; the rest is h
 
 1. **compute**: each node's measured compute (``compute_ms_per_node``: its plan alone, 1 thread,
    no communication) = flop_s * FLOPs + op_s * ops + msg_s * messages + byte_s * bytes.
-2. **link**: with each node's compute rescaled to what was measured, ``simulate`` (2 cores shared
+2. **link**: with each node's compute rescaled to what was measured, ``replay`` (2 cores shared
    by the node processes, as on the benchmark host) with a per-message delay a + b*S and a CPU
    overhead after every received message o + o_b*S, separately for unshaped and paced links;
    a grid search minimises the largest |log(measured / predicted)| of the calibration subset.
@@ -136,12 +136,12 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
         bw *= TCP_GOODPUT
     link = LinkModel(bw, 0.0)
     if e["shaping"] == "tc":  # kernel shaping, no pacing: the ping-pong's delay, nothing else (as before)
-        return lat.simulate(progs, link, CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0, cal.oversub) * 1e3
+        return lat.replay(progs, link, CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0, cal.oversub) * 1e3
     if e["shaping"] == "pacing":
         progs = planner.with_overheads(progs, cal.overhead_paced_s, cal.overhead_paced_byte_s)
-        return lat.simulate(progs, link, CORES, cal.delay(True), cal.wake_paced_s, cal.oversub) * 1e3
+        return lat.replay(progs, link, CORES, cal.delay(True), cal.wake_paced_s, cal.oversub) * 1e3
     progs = planner.with_overheads(progs, cal.overhead_unshaped_s, cal.overhead_unshaped_byte_s)
-    return lat.simulate(progs, link, CORES, cal.delay(False), cal.wake_unshaped_s, cal.oversub) * 1e3
+    return lat.replay(progs, link, CORES, cal.delay(False), cal.wake_unshaped_s, cal.oversub) * 1e3
 
 
 def err(es: list[dict], feats: dict, cal: planner.Calibration, measured_compute: bool) -> np.ndarray:
@@ -199,7 +199,7 @@ def page(out: dict) -> str:
          "that has not arrived pays a wake-up (process and gloo thread) once per blocking wait, not per "
          "message; a message already there costs little; the loopback copy costs CPU per byte; and four "
          "processes on two cores do less useful work than two (context switches).", "",
-         "## The model now (`disco.planner`, `disco.runtime.latency.simulate`)", "",
+         "## The model now (`disco.planner`, `disco.runtime.latency.replay`)", "",
          "- compute per node, from the cost model: "
          f"{c['flop_s'] * 1e12:.2f} ps per FLOP, {c['op_s'] * 1e6:.1f} us per op, {c['msg_s'] * 1e6:.1f} us per "
          f"message sent and {c['byte_s'] * 1e9:.3f} ns per byte sent (fitted on the measured per-node compute; "

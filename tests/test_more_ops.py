@@ -18,7 +18,7 @@ from disco.graph import UnsupportedOpError, partition
 from disco.graph.capture import capture
 from disco.masks import DiscoModel
 from disco.runtime.local import simulate
-from disco.runtime.plan import NodePlan
+from disco.runtime.plan import RankPlan
 
 timm_layers = pytest.importorskip("timm.layers")
 tv_ops = pytest.importorskip("torchvision.ops")
@@ -153,7 +153,7 @@ def test_invariants_2_to_4_and_the_masks(name: str, nodes: int) -> None:
     assert _rel(out, ref) < 1e-4  # invariant 2
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes > 0  # invariant 3
-    params = [NodePlan(part, kept, j).shard_from(part.gm)[1] for j in range(nodes)]
+    params = [RankPlan(part, kept, j).shard_from(part.gm)[1] for j in range(nodes)]
     assert params == rep.params_per_node  # invariant 4
 
 

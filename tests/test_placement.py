@@ -17,7 +17,7 @@ from disco.cost import estimate
 from disco.graph import partition
 from disco.masks import DiscoModel
 from disco.runtime.local import simulate
-from disco.runtime.plan import NodePlan
+from disco.runtime.plan import RankPlan
 
 
 class Dense(nn.Module):
@@ -75,7 +75,7 @@ def test_invariants_2_to_4_with_the_receiver_applying_the_ops(nodes: int, frac: 
     assert float((out - ref).abs().max() / ref.abs().max()) < 1e-4  # invariant 2
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes > 0  # invariant 3
-    shards = [NodePlan(part, kept, j).shard_from(part.gm) for j in range(nodes)]
+    shards = [RankPlan(part, kept, j).shard_from(part.gm) for j in range(nodes)]
     assert [n for _, n in shards] == rep.params_per_node  # invariant 4, receivers' norm parameters included
     assert any(k.startswith("recv.") and v.numel() for s, _ in shards for k, v in s.items())
 

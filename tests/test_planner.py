@@ -99,7 +99,7 @@ def test_cli_plan_json(capsys, tmp_path) -> None:
     assert "N must be >= 2" in capsys.readouterr().err
 
 
-def test_simulate_wake_up_only_when_blocked_and_oversubscription() -> None:
+def test_replay_wake_up_only_when_blocked_and_oversubscription() -> None:
     from disco.runtime import latency as lat
     from disco.runtime.transport import LinkModel
 
@@ -107,9 +107,9 @@ def test_simulate_wake_up_only_when_blocked_and_oversubscription() -> None:
     send = [("c", 1e-3), ("s", 1, 5, 100), ("w", 1, 6, 100), ("f",)]
     blocked = [("w", 0, 5, 100), ("s", 0, 6, 100), ("f",)]  # waits before the message exists
     late = [("c", 3e-3), ("w", 0, 5, 100), ("s", 0, 6, 100), ("f",)]  # the message is already there
-    assert lat.simulate([send, blocked], LinkModel(), 2, d) == pytest.approx(1e-3)
-    assert lat.simulate([send, blocked], LinkModel(), 2, d, wake_s=5e-4) == pytest.approx(2e-3)  # both directions
-    assert lat.simulate([send, late], LinkModel(), 2, d, wake_s=5e-4) == pytest.approx(3.5e-3)  # only node 0 blocks
+    assert lat.replay([send, blocked], LinkModel(), 2, d) == pytest.approx(1e-3)
+    assert lat.replay([send, blocked], LinkModel(), 2, d, wake_s=5e-4) == pytest.approx(2e-3)  # both directions
+    assert lat.replay([send, late], LinkModel(), 2, d, wake_s=5e-4) == pytest.approx(3.5e-3)  # only node 0 blocks
     four = [[("c", 1e-3), ("f",)]] * 4
-    assert lat.simulate(four, LinkModel(), 2, d) == pytest.approx(2e-3)
-    assert lat.simulate(four, LinkModel(), 2, d, oversub=0.5) == pytest.approx(4e-3)
+    assert lat.replay(four, LinkModel(), 2, d) == pytest.approx(2e-3)
+    assert lat.replay(four, LinkModel(), 2, d, oversub=0.5) == pytest.approx(4e-3)

@@ -222,7 +222,7 @@ def link_exchanges(part: Partition) -> np.ndarray:
 
 def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:
     n = part.nodes
-    nodes = list(part.gm.graph.nodes)
+    graph_nodes = list(part.gm.graph.nodes)
     live_at = liveness(part)
     # received channel planes per (base tensor, receiver), freed after the last mixing op reading them
     recv = np.zeros((len(part.link_tensors), n), dtype=np.int64)
@@ -233,7 +233,7 @@ def _peak_memory(part: Partition, kept: np.ndarray, bpv: int) -> list[int]:
         live = 0
         peak = 0
         frees: dict[int, int] = {}
-        for k, nd in enumerate(nodes):
+        for k, nd in enumerate(graph_nodes):
             own = part.owner.get(nd.name)
             rule = part.rules.get(nd.name)
             if own is not None and (rule is None or rule.allocates) and nd.op != "output":

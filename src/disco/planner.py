@@ -5,7 +5,7 @@ model alone, with no run: walking the graph in order, each op becomes a compute 
 (FLOPs / the node's calibrated rate + a fixed cost per op and per message), each exchange a
 send on the owner and a wait on the receiver at the first mixing op that reads it (the local half
 of a mixing op first, as the executor does), plus the input distribution, the LayerNorm
-statistics and the output gather. :func:`disco.runtime.latency.simulate` replays these programs
+statistics and the output gather. :func:`disco.runtime.latency.replay` replays these programs
 against the link model (bandwidth per node interface, one-way latency, per-message delay and
 per-message overhead, the node processes sharing ``cores`` cores when they share a host).
 
@@ -247,7 +247,7 @@ def predict_ms(progs: list[list[lat.Step]], bandwidth_bps: float | None, latency
     else:
         progs = with_overheads(progs, cal.overhead_unshaped_s, cal.overhead_unshaped_byte_s)
     wake = cal.wake_paced_s if link.shaped else cal.wake_unshaped_s
-    return lat.simulate(progs, link, cores or len(progs), cal.delay(link.shaped), wake, cal.oversub) * 1e3
+    return lat.replay(progs, link, cores or len(progs), cal.delay(link.shaped), wake, cal.oversub) * 1e3
 
 
 # ---- the planner ------------------------------------------------------------------------------

@@ -55,11 +55,11 @@ class _UnionFind:
 
 
 class Builder:
-    """What rules see while ownership is inferred: atoms, channel dims and shapes per node."""
+    """What rules see while ownership is inferred: atoms, channel dims and shapes per fx node."""
 
-    def __init__(self, gm: fx.GraphModule, nodes: int) -> None:
+    def __init__(self, gm: fx.GraphModule, ranks: int) -> None:
         self.gm = gm
-        self.nodes = nodes
+        self.ranks = ranks  # N, the number of machines
         self.uf = _UnionFind()
         self.blocks: list[np.ndarray] = []  # atoms created by each mixing op, in creation order
         self.atoms: dict[fx.Node, np.ndarray | None] = {}
@@ -217,7 +217,7 @@ class MixingLayer:
     def blocks(self, kept: np.ndarray, rank: int) -> list[WeightBlock]:
         """The weight blocks rank ``rank`` computes with links ``kept``: per group holding some of its output
         rows, those rows x (the local input columns, the received ones). A depthwise layer is one block.
-        The one walk over a layer's blocks: the node plans, the shards and the cost model all use it."""
+        The one walk over a layer's blocks: the rank plans, the shards and the cost model all use it."""
         rows = np.nonzero(self.out_owner == rank)[0]
         if self.depthwise:
             return [WeightBlock(0, rows, local_index(self.in_owner, rank), np.zeros(0, dtype=np.int64), True)]

@@ -1,4 +1,4 @@
-"""Run one node's plan for one input: local compute, sends after producers, receives before consumers."""
+"""Run one rank's plan for one input: local compute, sends after producers, receives before consumers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import Tensor, fx, nn
 from ..graph import REPLICATED
 from ..graph.capture import shape_of
 from ..graph.ops import Flatten
-from .plan import MixPlan, NodePlan, local_shape
+from .plan import MixPlan, RankPlan, local_shape
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ class Transport(Protocol):
 
 
 class Executor:
-    """Node ``plan.rank``'s program over a transport, holding only its own weights."""
+    """Rank ``plan.rank``'s program over a transport, holding only its own weights."""
 
-    def __init__(self, plan: NodePlan, gm: fx.GraphModule, weights: dict[str, Tensor], transport: Transport) -> None:
+    def __init__(self, plan: RankPlan, gm: fx.GraphModule, weights: dict[str, Tensor], transport: Transport) -> None:
         self.plan, self.gm, self.w, self.tr = plan, gm, weights, transport
         self.record: dict[str, Tensor] | None = None  # when a dict: every local value computed (debugging)
         self.mods = plan.local_modules(gm, weights)
@@ -55,8 +55,8 @@ class Executor:
             own = plan.part.owner[name]
             out_ranks[name] = {j: torch.as_tensor(np.nonzero(own == j)[0]) for j in range(plan.part.nodes)}
         self.out_ranks = out_ranks
-        reduces = [nd.name for nd in plan.nodes if getattr(plan.part.rules.get(nd.name), "kind", None) == "reduce"]
-        self.stats_tags = {name: NodePlan.TAG_STATS + k for k, name in enumerate(reduces)}
+        reduces = [nd.name for nd in plan.graph_nodes if plan.part.op(nd.name).kind == "reduce"]
+        self.stats_tags = {name: RankPlan.TAG_STATS + k for k, name in enumerate(reduces)}
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -183,7 +183,7 @@ class Executor:
 
     @torch.no_grad()
     def start(self, inputs: list[Tensor] | None = None, flush: bool = True) -> Any:
-        """Run this node's part of one inference; returns ``finish()`` that gathers the output (leader).
+        """Run this rank's part of one inference; returns ``finish()`` that gathers the output (leader).
 
         With ``flush=False`` the sends may still be in flight when this returns (streaming)."""
         plan, tr = self.plan, self.tr
@@ -200,11 +200,11 @@ class Executor:
             if leader:
                 x = inputs[k]
                 for dst in range(1, n):
-                    tr.send(NodePlan.TAG_INPUT, dst, x, coded=False)
+                    tr.send(RankPlan.TAG_INPUT, dst, x, coded=False)
             else:
-                x = tr.recv(NodePlan.TAG_INPUT, 0, shape_of(plan.by_name[name]), coded=False).wait()
+                x = tr.recv(RankPlan.TAG_INPUT, 0, shape_of(plan.by_name[name]), coded=False).wait()
             env[name] = x
-        for k, nd in enumerate(plan.nodes):
+        for k, nd in enumerate(plan.graph_nodes):
             name = nd.name
             if nd.op in ("placeholder", "output"):
                 pass
@@ -263,7 +263,7 @@ class Executor:
                 idx = self.out_ranks[name][plan.rank]
                 if len(idx) and not (own == REPLICATED).all():
                     pos = torch.as_tensor(np.searchsorted(plan.local[name], idx.numpy()))
-                    tr.send(NodePlan.TAG_OUTPUT, 0, v.index_select(cdim, pos), coded=False)
+                    tr.send(RankPlan.TAG_OUTPUT, 0, v.index_select(cdim, pos), coded=False)
                 continue
             out = torch.empty(shape_of(plan.by_name[name]), dtype=v.dtype)
             out.index_copy_(cdim, torch.as_tensor(plan.local[name]), v)
@@ -273,7 +273,7 @@ class Executor:
                 if len(idx) and not (own == REPLICATED).all():
                     shp = list(out.shape)
                     shp[cdim] = len(idx)
-                    parts.append((idx, tr.recv(NodePlan.TAG_OUTPUT, j, tuple(shp), coded=False)))
+                    parts.append((idx, tr.recv(RankPlan.TAG_OUTPUT, j, tuple(shp), coded=False)))
             full[name] = (out, cdim, parts)
 
         def finish() -> Any:

@@ -38,7 +38,7 @@ from torch import Tensor, fx, nn
 from ..checkpoint import pack_bits, state_digest, unpack_bits
 from ..graph import Partition, partition
 from .errors import RefusedError
-from .plan import NodePlan
+from .plan import RankPlan
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     check_model_spec(model_spec, "model_spec")
     states, shards = [], []
     for j in range(part.nodes):
-        plan = NodePlan(part, kept, j)
+        plan = RankPlan(part, kept, j)
         state, n_params = plan.shard_from(gm)
         if n_params != rep.params_per_node[j]:
             raise RuntimeError(f"shard of rank {j} holds {n_params} parameters, the cost model counts "
@@ -238,7 +238,7 @@ def _first_divergence(part: Partition, kept: np.ndarray, probe: Tensor, tol: flo
     _Recorder(part.gm).run(probe)
     records: list[dict[str, Tensor]] = []
     simulate(part, kept, probe, timeout=600.0, records=records)
-    plans = [NodePlan(part, kept, j) for j in range(part.nodes)]
+    plans = [RankPlan(part, kept, j) for j in range(part.nodes)]
     for nd in part.gm.graph.nodes:
         ref = values.get(nd.name)
         if part.owner.get(nd.name) is None or not isinstance(ref, Tensor) or not ref.is_floating_point():
@@ -367,7 +367,7 @@ class NodeState:
 
     manifest: dict[str, Any]
     part: Partition
-    plan: NodePlan
+    plan: RankPlan
     gm: fx.GraphModule
     weights: dict[str, Tensor]
     weight_bytes: int
@@ -435,7 +435,7 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
         raise ShardError(f"{d}: ownership fingerprint {man['fingerprint']} does not match the partition of "
                          f"{man['model']['name']} for {man['nodes']} nodes ({part.fingerprint()})")
     kept = unpack_bits(man["kept"], man["n_links"])
-    plan = NodePlan(part, kept, rank)
+    plan = RankPlan(part, kept, rank)
     expected = plan.expected_shapes(part.gm)
     got = {k: tuple(v.shape) for k, v in weights.items()}
     if expected != got:

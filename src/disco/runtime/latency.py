@@ -22,7 +22,7 @@ The model has three calibrated parts and one stated assumption:
 * **CPU**: the N node processes share ``cores`` cores (processor sharing): while k nodes
   compute at once, each runs at min(1, cores/k) of its single-core speed.
 
-:func:`simulate` replays the N per-node traces against each other through that link model
+:func:`replay` replays the N per-node traces against each other through that link model
 (discrete events): a mixing op's local half runs before it waits for the remote channels,
 exactly as the executor does, so this is the prediction *with overlap*.
 :func:`no_overlap` is the bound without any overlap: compute (shared cores) plus, for each
@@ -95,12 +95,12 @@ def trace_plan(part: Any, kept: np.ndarray | None, x: Tensor, codec: str = "fp32
     Each node runs ``warmup + reps`` times alone; every segment is the median over the reps.
     """
     from .executor import Executor
-    from .plan import NodePlan
+    from .plan import RankPlan
 
     kept = part.all_links() if kept is None else np.asarray(kept, dtype=bool)
     progs: list[list[Step]] = []
     for j in (range(part.nodes) if ranks is None else ranks):
-        plan = NodePlan(part, kept, j)
+        plan = RankPlan(part, kept, j)
         weights, _ = plan.shard_from(part.gm)
         tr = TraceTransport(j, codec, {ex.tag: ex.cdim for ex in plan.exchanges.values()})
         ex = Executor(plan, part.gm, weights, tr)
@@ -159,8 +159,8 @@ class Delay:
         return self.a + self.b * nbytes
 
 
-def simulate(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
-             oversub: float = 1.0) -> float:
+def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
+           oversub: float = 1.0) -> float:
     """Seconds from the leader's start to its end of one inference (overlap as the executor does it).
 
     ``wake_s``: a node that blocks on a message that has not arrived yet resumes ``wake_s`` after
@@ -287,7 +287,7 @@ def predict(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, 
     comp = [compute_s(p) for p in progs]
     progs = with_overhead(progs, recv_overhead_s)
     nbytes = sum(s[3] for p in progs for s in p if s[0] == "s")
-    return {"predicted_ms": simulate(progs, link, cores, delay) * 1e3,
+    return {"predicted_ms": replay(progs, link, cores, delay) * 1e3,
             "predicted_ms_no_overlap": no_overlap(progs, link, cores, delay) * 1e3,
             "compute_ms_per_node": [c * 1e3 for c in comp], "messages": messages(progs),
             "wire_bytes_total": int(nbytes)}

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..graph import Partition
 from .executor import Executor
-from .plan import NodePlan
+from .plan import RankPlan
 from .transport import Codec, LinkModel, LocalHub, ThreadTransport, get_codec
 
 
@@ -28,7 +28,7 @@ def simulate(part: Partition, kept: np.ndarray | None, x: Tensor, codec: str = "
     trs: list[ThreadTransport] = []
     execs = []
     for j in range(part.nodes):
-        plan = NodePlan(part, kept, j)
+        plan = RankPlan(part, kept, j)
         weights, _ = plan.shard_from(part.gm)
         tr = ThreadTransport(hub, j, part.nodes, timeout=timeout, codec=codec, link=link, n_links=part.n_links,
                              values_per_link=part.links.values,
@@ -112,7 +112,7 @@ class SplitModel(nn.Module):
                                  f"{self.part.input_shape}; the kept set does not transfer")
             plans = []
             for j in range(part.nodes):
-                plan = NodePlan(part, self.kept, j)
+                plan = RankPlan(part, self.kept, j)
                 plans.append((plan, plan.shard_from(part.gm)[0]))
             self._plans[shape] = (part, plans)
         return self._plans[shape]

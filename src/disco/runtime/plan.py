@@ -1,6 +1,8 @@
-"""Node programs: what node j computes, with which weight slices, and which channels it sends and receives.
+"""Rank programs: what rank j (node j, one machine) computes, with which weight slices, and which
+channels it sends and receives. In this module a *node* of the graph is an fx node (``nd``); machines
+are ranks.
 
-Node j holds, of every feature tensor, its *local* channels (the ones it owns plus the
+Rank j holds, of every feature tensor, its *local* channels (the ones it owns plus the
 replicated ones), in channel order. It walks the captured graph in topological order:
 
 * channel-local ops run on the local channels (parameters with one entry per channel are
@@ -12,8 +14,8 @@ replicated ones), in channel order. It walks the captured graph in topological o
   (:meth:`~disco.graph.ops.mixing.Mixing.shard`, :meth:`~disco.graph.ops.mixing.Mixing.apply`).
 
 Received channels are kept per *base tensor* (the tensor actually sent, see
-``Partition.base``): a channel received once serves every consumer on the node. The
-*received view* of a tensor (its channels that node j received, in order) is built by
+``Partition.base``): a channel received once serves every consumer on the rank. The
+*received view* of a tensor (its channels that rank j received, in order) is built by
 replaying the same view ops on the received base tensors.
 """
 
@@ -67,7 +69,7 @@ class Exchange:
 
 @dataclass
 class Block:
-    """One weight block of a mixing op on one node: rows x (local cols, received cols)."""
+    """One weight block of a mixing op on one rank: rows x (local cols, received cols)."""
 
     n_rows: int
     loc: Tensor  # positions in the local input
@@ -102,12 +104,12 @@ def _positions(have: np.ndarray, want: np.ndarray, name: str) -> Tensor:
     """Positions of channels ``want`` in the sorted channel list ``have`` (all must be there)."""
     pos = np.searchsorted(have, want)
     if len(want) and (pos.max() >= len(have) or not np.array_equal(have[pos], want)):
-        raise NotImplementedError(f"node {name}: a channel selection reads channels this node does not hold")
+        raise NotImplementedError(f"{name}: a channel selection reads channels this rank does not hold")
     return torch.as_tensor(pos, dtype=torch.long)
 
 
-class NodePlan:
-    """Everything node ``rank`` needs to run its part of ``part`` with links ``kept``."""
+class RankPlan:
+    """Everything rank ``rank`` needs to run its part of ``part`` with links ``kept``."""
 
     TAG_INPUT = 1
     TAG_OUTPUT = 2
@@ -117,14 +119,14 @@ class NodePlan:
     def __init__(self, part: Partition, kept: np.ndarray, rank: int) -> None:
         self.part, self.rank, self.kept = part, rank, np.asarray(kept, dtype=bool)
         n = part.nodes
-        self.nodes = list(part.gm.graph.nodes)
-        self.by_name = {nd.name: nd for nd in self.nodes}
+        self.graph_nodes = list(part.gm.graph.nodes)
+        self.by_name = {nd.name: nd for nd in self.graph_nodes}
         L = part.links
         # local channels and received channels of every tensor
         self.local: dict[str, np.ndarray] = {}
         self.recv: dict[str, np.ndarray] = {}
         masks = part.received_masks(self.kept, rank)
-        for nd in self.nodes:
+        for nd in self.graph_nodes:
             own = part.owner.get(nd.name)
             if own is None:
                 continue
@@ -161,7 +163,7 @@ class NodePlan:
         self.mix: dict[str, MixPlan] = {ly.node: self._mix_plan(ly) for ly in part.layers}
         # channel-local ops whose operands hold other channels than their output (a replicated operand)
         self.conform: dict[tuple[str, str], Tensor] = {}
-        for nd in self.nodes:
+        for nd in self.graph_nodes:
             rule = part.rules.get(nd.name)
             if rule is None or rule.kind != "local" or nd.name not in self.local:
                 continue
@@ -185,12 +187,12 @@ class NodePlan:
         # when every value is last needed, to free memory early
         self.liveness = liveness(part)
         self.last_use = self.liveness.last_use
-        out_node = next(nd for nd in self.nodes if nd.op == "output")
+        out_node = next(nd for nd in self.graph_nodes if nd.op == "output")
         self.outputs = [a.name for a in out_node.all_input_nodes if part.owner.get(a.name) is not None]
         self.output_node = out_node
         # the feature inputs; other placeholders are arguments fixed to their defaults when tracing
-        self.inputs = [nd.name for nd in self.nodes if nd.op == "placeholder" and shape_of(nd) is not None]
-        self.fixed_args = {nd.name: (nd.args[0] if nd.args else None) for nd in self.nodes
+        self.inputs = [nd.name for nd in self.graph_nodes if nd.op == "placeholder" and shape_of(nd) is not None]
+        self.fixed_args = {nd.name: (nd.args[0] if nd.args else None) for nd in self.graph_nodes
                            if nd.op == "placeholder" and shape_of(nd) is None}
 
     def _mix_plan(self, ly: MixingLayer) -> MixPlan:
@@ -215,7 +217,7 @@ class NodePlan:
     # ---- weights --------------------------------------------------------------------------
 
     def shard_from(self, gm: fx.GraphModule) -> tuple[dict[str, Tensor], int]:
-        """This node's weights cut from a full model's graph module, and its parameter count."""
+        """This rank's weights cut from a full model's graph module, and its parameter count."""
         part, j = self.part, self.rank
         out: dict[str, Tensor] = {}
         n_params = 0
@@ -225,7 +227,7 @@ class NodePlan:
             n_params += sum(t.numel() for t in out.values())
             mixing = {ly.name for ly in part.layers}
             done: set[str] = set()
-            for nd in self.nodes:
+            for nd in self.graph_nodes:
                 if nd.op != "call_module" or nd.target in mixing or nd.target in done:
                     continue
                 done.add(nd.target)
@@ -235,11 +237,11 @@ class NodePlan:
                     t = op.shard_tensor(m, name, t.detach(), own, j)
                     out[f"{nd.target}.{name}"] = t.clone()
                     n_params += t.numel() if is_param else 0
-            for nd, m, name, t, is_param in self._relayed_tensors(gm):  # for the channels this node receives
+            for nd, m, name, t, is_param in self._relayed_tensors(gm):  # for the channels this rank receives
                 t = part.op(nd.name).slice_param(m, name, t.detach(), self.recv[nd.name], len(part.owner[nd.name]))
                 out[f"recv.{nd.name}.{name}"] = t.clone()
                 n_params += t.numel() if is_param else 0
-            for nd in self.nodes:
+            for nd in self.graph_nodes:
                 if nd.op == "get_attr" and nd.name not in part.param_nodes:
                     t = _get_attr(gm, nd.target).detach()
                     out[f"attr.{nd.target}"] = t.clone()
@@ -250,7 +252,7 @@ class NodePlan:
         """Per-channel parameters and buffers of the relayed modules (exchange placement), which a
         receiver applies to the channels it receives: (node, module, name, tensor, is_parameter)."""
         out = []
-        for nd in self.nodes:
+        for nd in self.graph_nodes:
             if nd.name not in self.part.relayed or nd.op != "call_module":
                 continue
             m = gm.get_submodule(nd.target)
@@ -260,7 +262,7 @@ class NodePlan:
         return out
 
     def recv_modules(self, gm: fx.GraphModule, weights: dict[str, Tensor]) -> dict[str, nn.Module]:
-        """Relayed modules (per call node) holding the parameters of the channels this node receives."""
+        """Relayed modules (per call node) holding the parameters of the channels this rank receives."""
         import copy
 
         mods: dict[str, nn.Module] = {}
@@ -269,7 +271,7 @@ class NodePlan:
                 mods[nd.name] = copy.copy(m)
                 mods[nd.name]._parameters = dict(m._parameters)
                 mods[nd.name]._buffers = dict(m._buffers)
-                for other, _, other_param in module_tensors(m):  # tensors not per channel: as the node holds them
+                for other, _, other_param in module_tensors(m):  # tensors not per channel: as the rank holds them
                     t = weights[f"{nd.target}.{other}"]
                     if other_param:
                         mods[nd.name]._parameters[other] = nn.Parameter(t, requires_grad=False)
@@ -284,17 +286,17 @@ class NodePlan:
         return mods
 
     def expected_shapes(self, gm: fx.GraphModule) -> dict[str, tuple[int, ...]]:
-        """The tensor shapes of this node's shard (computed on a meta-device model)."""
+        """The tensor shapes of this rank's shard (computed on a meta-device model)."""
         return {k: tuple(v.shape) for k, v in self.shard_from(gm)[0].items()}
 
     def local_modules(self, gm: fx.GraphModule, weights: dict[str, Tensor]) -> dict[str, nn.Module]:
-        """Channel-local modules (per call node) holding this node's slices of their parameters."""
+        """Channel-local modules (per call node) holding this rank's slices of their parameters."""
         import copy
 
         mods: dict[str, nn.Module] = {}
         mixing = {ly.name for ly in self.part.layers}
         built: dict[str, nn.Module] = {}
-        for nd in self.nodes:
+        for nd in self.graph_nodes:
             if nd.op != "call_module" or nd.target in mixing:
                 continue
             if nd.target in built:
@@ -328,10 +330,10 @@ def _get_attr(gm: nn.Module, target: str) -> Tensor:
     return obj
 
 
-def local_shape(plan: NodePlan, name: str, n: int) -> tuple[int, ...]:
+def local_shape(plan: RankPlan, name: str, n: int) -> tuple[int, ...]:
     return _shape_with(shape_of(plan.by_name[name]), plan.part.cdim[name], n)
 
 
-def values_per_channel(plan: NodePlan, name: str) -> int:
+def values_per_channel(plan: RankPlan, name: str) -> int:
     shp = shape_of(plan.by_name[name])
     return math.prod(shp) // shp[plan.part.cdim[name]]

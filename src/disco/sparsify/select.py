@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,13 +43,10 @@ def link_costs(part: Partition) -> LinkCosts:
     n = part.n_links
     flops = np.zeros(n, dtype=np.int64)
     weights = np.zeros(n, dtype=np.int64)
-    for ly in part.layers:
-        idx = ly.col_link[ly.out_owner]  # [O, I] link of every connection (negative: local or unread)
-        sel = (idx >= 0) & (ly.structure() if ly.groups > 1 else True)
-        count = np.bincount(idx[sel], minlength=n).astype(np.int64)
-        w = ly.view(part.gm).weight
-        flops += 2 * ly.macs_per_connection * count
-        weights += count * (math.prod(w.shape[2:]) if w.dim() > 2 else 1)
+    for ly in part.layers:  # each mixing op says what its connections cost (its own block walk)
+        f, w = ly.rule.link_cost(ly, ly.view(part.gm), n)
+        flops += f
+        weights += w
     floor = estimate(part, part.no_links())
     return LinkCosts(flops, weights, link_exchanges(part), floor.flops_total, floor.flops_dense,
                      np.asarray(floor.params_per_node, dtype=np.int64), floor.params_dense)

@@ -48,11 +48,11 @@ class HeadsRule(Local):
         a = b.atoms[x]
         c = len(a) // 3
         heads = c // hd
-        if heads < b.nodes:
-            b.unsupported(node, f"has {heads} attention heads, fewer than N={b.nodes} nodes (a head is not split; "
+        if heads < b.ranks:
+            b.unsupported(node, f"has {heads} attention heads, fewer than N={b.ranks} nodes (a head is not split; "
                                 f"use N <= {heads})")
-        if heads % b.nodes:  # whole heads, balanced: e.g. 6 heads over 4 nodes as 2, 2, 1, 1
-            log.info("%s: %d heads over %d nodes: uneven head counts per node", node.name, heads, b.nodes)
+        if heads % b.ranks:  # whole heads, balanced: e.g. 6 heads over 4 nodes as 2, 2, 1, 1
+            log.info("%s: %d heads over %d nodes: uneven head counts per node", node.name, heads, b.ranks)
         per_head = a.reshape(3, heads, hd).transpose(1, 0, 2).reshape(heads, 3 * hd)  # [head, its 3*hd atoms]
         for k in range(1, 3 * hd):
             b.couple_atoms(per_head[:, 0], per_head[:, k])

@@ -157,6 +157,16 @@ class Mixing(Rule):
                       flops_dense=2 * ly.macs_per_connection * int(ly.structure().sum()), params=params)
 
 
+    def link_cost(self, ly: MixingLayer, view: WeightView, n_links: int) -> tuple[np.ndarray, np.ndarray]:
+        """[n_links] FLOPs and weights that each link brings to its receiving rank through layer ``ly``
+        (the connections it feeds there: the received columns of the same blocks)."""
+        every = np.ones(n_links, dtype=bool)
+        count = np.zeros(n_links, dtype=np.int64)
+        for j in range(ly.col_link.shape[0]):
+            for blk in ly.blocks(every, j):
+                np.add.at(count, ly.col_link[j, blk.received], len(blk.rows))
+        return 2 * ly.macs_per_connection * count, count * self.weights_per_connection(view)
+
     def _group_cols(self, o: int, i: int, g: int) -> Tensor:
         """[o, i/g] index of the input channel each weight column reads."""
         return (torch.arange(o) // (o // g))[:, None] * (i // g) + torch.arange(i // g)[None, :]
