@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fit + report
     .venv/bin/python bench/latency_fit.py --report                      # the report from the stored fit only
+    OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py             # then: int8/bf16 codec costs (a fit drops them)
 
 For every measured entry of results/latency.json the script rebuilds the entry's kept set (the
 benchmark's: random init, seed 0, one-shot global magnitude selection; the CIFAR entries that
@@ -130,7 +131,8 @@ def fit_compute(multi: list[dict], feats: dict) -> tuple[np.ndarray, list]:
 
 def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compute: bool) -> float:
     f = feats[f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}"]
-    progs = planner.price(f["progs"], cal, compute_ms=e["compute_ms_per_node"] if measured_compute else None)
+    progs = planner.price(f["progs"], cal, compute_ms=e["compute_ms_per_node"] if measured_compute else None,
+                          codec=e["codec"])
     bw = None if e["bandwidth_mbit"] is None else e["bandwidth_mbit"] * 1e6
     if bw is not None and e["shaping"] == "tc":
         bw *= TCP_GOODPUT

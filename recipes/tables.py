@@ -864,6 +864,28 @@ def latency_weight_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def planner_validation(data: dict) -> str:
+    """Each unseen setting: the planner's recommendation, predicted and measured ms, and the host's slowdown."""
+    out = ["| model | input | link | N offered | recommended | predicted ms | measured ms | measured / predicted |",
+           "|---|---|---|---|---|---|---|---|"]
+    for e in data["entries"]:
+        s, r = e["setting"], e["recommended"]
+        rec = f"N={r['nodes']}, r={r['ratio_target']:g}, {r['codec']}" + (
+            f", shares {','.join(f'{x:g}' for x in r['shares'])}" if r.get("shares") else "")
+        out.append(f"| {s['model']} | {s['input_shape']} | {s['bandwidth']}, {s['latency']} | {s['nodes']} | {rec} | "
+                   f"{e['predicted_ms']:.1f} | {e['measured_ms']:.1f} | {e['measured_over_predicted']:.2f} |")
+    ratios = [e["measured_over_predicted"] for e in data["entries"]]
+    within = sum(1 for x in ratios if 1 / 1.25 <= x <= 1.25)
+    out += ["", f"{within} of {len(ratios)} within 1.25x (measured / predicted from {min(ratios):.2f} to "
+            f"{max(ratios):.2f})."]
+    h = data.get("host_check")
+    if h:
+        slow = ", ".join(f"{m} {v['one_process_ms_now']:.1f} ms against {v['quiet_ms']:.1f} ms quiet "
+                         f"({v['slowdown']:.1f}x)" for m, v in h.items() if isinstance(v, dict))
+        out.append(f"Host check after the runs ({h['time']}, load {h['loadavg_1min']}): one process {slow}.")
+    return "\n".join(out)
+
+
 TABLES = {
     "cifar10_resnet": ("cifar10_resnet", cifar10_resnet),
     "cifar10_summary": ("cifar10_resnet", cifar10_summary),
@@ -894,6 +916,7 @@ TABLES = {
     "selection": ("cifar10_selection", selection_table),
     "selection_verdict": ("cifar10_selection", selection_verdict),
     "latency_weight": ("latency_weight", latency_weight_table),
+    "planner_validation": ("planner_validation", planner_validation),
 }
 # results JSON name -> plot written next to it as NAME.png
 PLOTS = {"cifar10_resnet": plot_cifar10, "cifar10_vit": plot_cifar10_vit, "sr_rrdbnet": plot_sr,

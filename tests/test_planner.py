@@ -113,3 +113,22 @@ def test_replay_wake_up_only_when_blocked_and_oversubscription() -> None:
     four = [[("c", 1e-3), ("f",)]] * 4
     assert lat.replay(four, LinkModel(), 2, d) == pytest.approx(2e-3)
     assert lat.replay(four, LinkModel(), 2, d, oversub=0.5) == pytest.approx(4e-3)
+
+
+def test_codec_cost_is_charged_per_value_encoded_and_decoded() -> None:
+    """int8's encode (sender) and decode (receiver) cost: the link values of the program, times the
+    calibration's seconds per value; fp32's programs carry the same values but no codec cost."""
+    model = build_model("cifar_resnet8").eval()
+    part = partition(model, (1, 3, 32, 32), 2)
+    kept = part.all_links()
+    progs = planner.programs(part, kept, "int8")
+    seg = np.array([s[1] for p in progs for s in p if s[0] == "c"])
+    values = int(part.links.values[kept].sum())
+    assert seg[:, 4].sum() == values and seg[:, 5].sum() == values  # every link value encoded once, decoded once
+    base = planner.Calibration()
+    cal = planner.Calibration(codec_encode_s={"int8": 1e-6}, codec_decode_s={"int8": 2e-6})
+    plain = sum(s[1] for p in planner.price(progs, base, codec="int8") for s in p if s[0] == "c")
+    charged = sum(s[1] for p in planner.price(progs, cal, codec="int8") for s in p if s[0] == "c")
+    assert charged - plain == pytest.approx(values * 3e-6, rel=1e-9)
+    same = sum(s[1] for p in planner.price(progs, cal, codec="fp32") for s in p if s[0] == "c")
+    assert same == pytest.approx(plain, rel=1e-12)

@@ -75,7 +75,13 @@ def page(data: dict) -> str:
         L += res["commands"] + ["```", ""]
     L += ["The front lists, for each r, the fastest configuration (r stands for accuracy here: no resnet50 "
           "DISCO accuracy is in the repository). Accuracy is what r and the codec cost on the tasks measured "
-          "here: see the results pages and [codecs.md](codecs.md).", ""]
+          "here: see the results pages and [codecs.md](codecs.md).", "",
+          "## Measured against predicted", "",
+          "`bench/plan_validate.py` runs `disco plan` on six settings the calibration did not see (other models, "
+          "N=3, unequal shares, 1 to 20 ms of latency), then exports and runs each recommendation with `disco run` "
+          "on this host (the node processes share its 2 cores: `--cores 2`); `--host-check` times one process "
+          "against its quiet time (other jobs on the shared host slow everything down).", "",
+          "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
     return "\n".join(L)
 
 

@@ -61,6 +61,10 @@ class Calibration:
     wake_paced_s: float = 0  # ... (paced)
     oversub: float = 0.85  # useful share of the cores while more node processes compute than there are cores
     single_process: dict[str, float] = field(default_factory=dict)  # model -> measured one-process ms
+    # codec -> seconds per value that encoding (sender) and decoding (receiver) cost beyond fp32's
+    # (bench/codec_cost.py; fp32 is a view both ways, int8 takes a max-abs pass, a division and a cast)
+    codec_encode_s: dict[str, float] = field(default_factory=dict)
+    codec_decode_s: dict[str, float] = field(default_factory=dict)
     source: str = "defaults"
 
     @classmethod
@@ -98,11 +102,13 @@ def _op_flops(part: Partition, nd: Any, n: int) -> np.ndarray:
 
 
 FEATURES = ("flops", "ops", "msgs", "bytes")  # what a compute segment is made of (priced by Calibration)
+CODEC_FEATURES = ("encoded", "decoded")  # ... and the link values it encodes and decodes (priced per codec)
 
 
 def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]:
     """Per node: its program with compute segments as feature vectors [FLOPs, ops, messages sent,
-    bytes sent] (see :func:`price`), sends and waits, predicted from the cost model alone."""
+    bytes sent, link values encoded, link values decoded] (see :func:`price`), sends and waits,
+    predicted from the cost model alone."""
     n = part.nodes
     kept = np.asarray(kept, dtype=bool)
     L = part.links
@@ -125,22 +131,24 @@ def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]
         by_tensor.setdefault(t, []).append((s, r, vc))
     progs: list[list[tuple]] = [[] for _ in range(n)]
     waited: list[set] = [set() for _ in range(n)]
-    comp = np.zeros((n, 4))
+    comp = np.zeros((n, len(FEATURES) + len(CODEC_FEATURES)))
 
     def flush(j: int) -> None:
         if comp[j].any():
             progs[j].append(("c", comp[j].copy()))
             comp[j] = 0.0
 
-    def send(j: int, dst: int, tag: int, nbytes: int) -> None:
+    def send(j: int, dst: int, tag: int, nbytes: int, values: int = 0) -> None:
         comp[j, 2] += 1
         comp[j, 3] += nbytes
+        comp[j, 4] += values  # encoded before it leaves (link messages only: the others travel as fp32)
         flush(j)
         progs[j].append(("s", dst, tag, nbytes))
 
-    def wait(j: int, src: int, tag: int, nbytes: int) -> None:
+    def wait(j: int, src: int, tag: int, nbytes: int, values: int = 0) -> None:
         flush(j)
         progs[j].append(("w", src, tag, nbytes))
+        comp[j, 5] += values  # decoded once it has arrived: part of the next compute segment
 
     in_values = sum(math.prod(shape_of(nd)) for nd in nodes if nd.op == "placeholder" and shape_of(nd) is not None)
     for j in range(1, n):
@@ -167,7 +175,7 @@ def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]
                     if (t, s) not in waited[j]:
                         waited[j].add((t, s))
                         v, c = msgs[(t, s, j)]
-                        wait(j, s, TAG_LINKS + t, message_bytes(codec, v, c))
+                        wait(j, s, TAG_LINKS + t, message_bytes(codec, v, c), v)
                 if len(ids):
                     comp[j, 0] += int(mj[:, remote_cols].sum()) * 2 * ly.macs_per_connection
                     comp[j, 1] += 1
@@ -190,7 +198,7 @@ def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]
                 n_reduce += 1
         t = t_index.get(nd.name)
         for s, r, (v, c) in by_tensor.get(t, []) if t is not None else []:
-            send(s, r, TAG_LINKS + t, message_bytes(codec, v, c))
+            send(s, r, TAG_LINKS + t, message_bytes(codec, v, c), v)
     out_node = next(nd for nd in nodes if nd.op == "output")
     for a in out_node.all_input_nodes:
         own = part.owner.get(a.name)
@@ -209,14 +217,16 @@ def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]
 
 
 def price(progs: list[list[tuple]], cal: Calibration, speeds: list[float] | None = None,
-          compute_ms: list[float] | None = None) -> list[list[lat.Step]]:
-    """Programs in seconds: each feature segment priced by ``cal`` and divided by the node's speed;
-    ``compute_ms``: rescale each node's segments to this measured total instead (checks of the link model)."""
-    w = np.array([cal.flop_s, cal.op_s, cal.msg_s, cal.byte_s])
+          compute_ms: list[float] | None = None, codec: str = "fp32") -> list[list[lat.Step]]:
+    """Programs in seconds: each feature segment priced by ``cal`` (the link values at ``codec``'s
+    encode and decode cost) and divided by the node's speed; ``compute_ms``: rescale each node's
+    segments to this measured total instead (checks of the link model)."""
+    w = np.array([cal.flop_s, cal.op_s, cal.msg_s, cal.byte_s,
+                  cal.codec_encode_s.get(codec, 0.0), cal.codec_decode_s.get(codec, 0.0)])
     out = []
     for j, p in enumerate(progs):
         sp = 1.0 if speeds is None else float(speeds[j])
-        secs = [float(s[1] @ w) / sp if s[0] == "c" else 0.0 for s in p]
+        secs = [float(s[1] @ w[:len(s[1])]) / sp if s[0] == "c" else 0.0 for s in p]
         if compute_ms is not None:
             tot = sum(secs)
             k = compute_ms[j] / 1e3 / tot if tot > 0 else 0.0
@@ -226,8 +236,9 @@ def price(progs: list[list[tuple]], cal: Calibration, speeds: list[float] | None
 
 
 def features(progs: list[list[tuple]]) -> np.ndarray:
-    """[N, 4]: each node's total FLOPs, ops, messages sent and bytes sent."""
-    return np.array([sum((s[1] for s in p if s[0] == "c"), np.zeros(4)) for p in progs])
+    """[N, 4]: each node's total FLOPs, ops, messages sent and bytes sent (the fitted features)."""
+    k = len(FEATURES)
+    return np.array([sum((s[1][:k] for s in p if s[0] == "c"), np.zeros(k)) for p in progs])
 
 
 def with_overheads(progs: list[list[lat.Step]], per_msg: float, per_byte: float = 0.0) -> list[list[lat.Step]]:
@@ -414,7 +425,7 @@ def plan(req: PlanRequest, cal: Calibration | None = None) -> dict[str, Any]:
                 weights = [4 * p for p in rep.params_per_node]
                 mem = [w + a for w, a in zip(weights, rep.peak_activation_bytes_per_node, strict=True)]
                 for codec in req.codecs:
-                    progs = price(programs(part, kept, codec), cal, speeds)
+                    progs = price(programs(part, kept, codec), cal, speeds, codec=codec)
                     ms = predict_ms(progs, req.bandwidth_bps, req.latency_s, cal, req.cores)
                     bpv = get_codec(codec).bytes_per_value
                     acc, src = _accuracy_for(acc_rows, facts, n, r, shares, codec, codec_drop)

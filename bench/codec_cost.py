@@ -1,0 +1,86 @@
+"""What encoding and decoding a link message costs per value for each wire codec, on one core.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py      # results/codec_cost.json + the calibration
+
+The latency model (bench/latency_fit.py) was fitted on fp32 and fp16 runs, so their encode and decode
+costs are inside its per-byte and per-message terms. A codec the fit did not see (int8: a max-abs pass
+per channel, a division, rounding and a cast; bf16) is charged, per value, what its encode (sender)
+and decode (receiver) cost beyond fp16's, measured here on message shapes of a ResNet-50 split; the
+planner reads these as ``codec_encode_s`` and ``codec_decode_s`` of ``results/latency_model.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = [(1, 26, 56, 56), (1, 51, 28, 28), (1, 102, 14, 14), (1, 205, 7, 7)]  # r~0.1 messages of resnet50 N=2
+FITTED = ("fp32", "fp16")  # codecs of results/latency.json: their cost is in the fitted terms
+
+
+def per_value(fn, values: int, repeats: int) -> float:
+    """Median seconds per value of ``fn()`` over ``repeats`` timed calls (after two warm-up calls)."""
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / values
+
+
+def measure(repeats: int) -> dict[str, dict[str, float]]:
+    import torch
+
+    from disco.runtime.transport import CODECS
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    out: dict[str, dict[str, float]] = {}
+    for name, codec in CODECS.items():
+        enc, dec = [], []
+        for shape in SHAPES:
+            x = torch.randn(shape)
+            v = x.numel()
+            buf = codec.encode(x, 1)
+            enc.append(per_value(lambda x=x, c=codec: c.encode(x, 1), v, repeats))
+            dec.append(per_value(lambda buf=buf, shape=shape, c=codec: c.decode(buf, shape, 1), v, repeats))
+        out[name] = {"encode_s_per_value": statistics.mean(enc), "decode_s_per_value": statistics.mean(dec)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--out", default=str(ROOT / "results" / "codec_cost.json"))
+    ap.add_argument("--model", default=str(ROOT / "results" / "latency_model.json"),
+                    help="the calibration the planner reads (its codec_encode_s/codec_decode_s are replaced)")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    costs = measure(a.repeats)
+    base = costs["fp16"]
+    extra_enc = {c: max(0.0, v["encode_s_per_value"] - base["encode_s_per_value"])
+                 for c, v in costs.items() if c not in FITTED}
+    extra_dec = {c: max(0.0, v["decode_s_per_value"] - base["decode_s_per_value"])
+                 for c, v in costs.items() if c not in FITTED}
+    res = {"shapes": [list(s) for s in SHAPES], "threads": 1, "repeats": a.repeats, "per_codec": costs,
+           "codec_encode_s": extra_enc, "codec_decode_s": extra_dec, "loadavg_1min": round(os.getloadavg()[0], 2),
+           "method": __doc__.strip().splitlines()[0]}
+    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    model = Path(a.model)
+    if model.is_file():
+        d = json.loads(model.read_text())
+        d.setdefault("calibration", {}).update(codec_encode_s=extra_enc, codec_decode_s=extra_dec)
+        model.write_text(json.dumps(d, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
