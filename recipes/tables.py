@@ -821,6 +821,28 @@ def selection_verdict(entries: list[dict], nodes: int = 4, ratio: float = 0.1) -
     return "\n".join(lines) if lines else "No N=4, r=0.1 runs yet."
 
 
+def budget_comparison(entries: list[dict]) -> str:
+    """The joint budget against the global one at equal selection, r and fine-tuning: accuracy, FLOPs, weights."""
+    groups = selection_groups(entries)
+    lines = []
+    for k in sorted(g for g in groups if g[0] == "joint"):
+        ref = groups.get(("global", *k[1:]))
+        if not ref:
+            continue
+
+        def prof(runs: list[dict]) -> str:
+            m, sd = _ms([e["top1"] for e in runs])
+            e = runs[0]
+            return (f"{m:.2f} +- {sd:.2f} ({len(runs)} seeds; r {e['ratio']:.3f}, "
+                    f"FLOPs {e['flops_total'] / e['flops_dense']:.2f}x, "
+                    f"weights per node at most {max(e['params_per_node']) / e['params_dense']:.2f}x of the model)")
+
+        d = _ms([e["top1"] for e in groups[k]])[0] - _ms([e["top1"] for e in ref])[0]
+        lines.append(f"N={k[1]}, r={k[2]:g}, {k[3]} selection, {k[4]} epochs on {k[5]} images: joint budget "
+                     f"{prof(groups[k])} against global {prof(ref)}: {d:+.2f} points.")
+    return "\n".join(lines) if lines else "No joint-budget runs yet."
+
+
 def plot_selection(entries: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -915,6 +937,7 @@ TABLES = {
     "soak": ("soak", soak_table),
     "selection": ("cifar10_selection", selection_table),
     "selection_verdict": ("cifar10_selection", selection_verdict),
+    "budget_comparison": ("cifar10_selection", budget_comparison),
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
 }
