@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import disco
 from disco.models import build_model
@@ -95,6 +96,21 @@ def test_sparsify_model_in_memory_reaches_the_ratio_and_writes_nothing(tmp_path,
     assert res["bytes"] == disco.estimate(dm).bytes
     assert any(not torch.equal(before[k], v) for k, v in dm.plain_state_dict().items() if k in before)  # trained
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_taylor_selection_takes_structured_targets():
+    """Taylor scores on batches whose targets are a list of dicts (detection's), as the loss takes them."""
+    model, _ = _tiny()
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(4, 3, 16, 16, generator=g),
+                [{"labels": torch.randint(0, 10, (1,), generator=g)} for _ in range(4)]) for _ in range(2)]
+
+    def loss(out, targets):
+        return F.cross_entropy(out, torch.cat([t["labels"] for t in targets]))
+
+    cfg = disco.SparsifyConfig(nodes=2, ratio=0.2, epochs=1, every=1, lr=0.01, selection="taylor")
+    dm, res = disco.sparsify_model(model, disco.Loaders(train=batches, loss=loss), cfg)
+    assert res["selection"] == "taylor" and 0.15 <= dm.ratio <= 0.2
 
 
 def test_sparsify_model_refuses_distillation_without_its_loss():

@@ -177,7 +177,7 @@ def fit(
                    disable=not D.is_main())
         for i, (x, y) in enumerate(bar):
             if dev.type != "cpu":
-                x, y = _to(x, dev, fmt), _to(y, dev, None)
+                x, y = to_device(x, dev, fmt), to_device(y, dev, None)
             with D.autocast(dev, amp):
                 out = net(x)
                 loss = loss_fn(out, y)
@@ -220,14 +220,15 @@ def fit(
     return history
 
 
-def _to(x: Any, dev: torch.device, fmt: torch.memory_format | None) -> Any:
+def to_device(x: Any, dev: torch.device, fmt: torch.memory_format | None = None) -> Any:
+    """``x`` on ``dev``: tensors, and the lists, tuples and dicts of them a task's batches hold (detection targets)."""
     if isinstance(x, Tensor):
         x = x.to(dev, non_blocking=True)
         return x.contiguous(memory_format=fmt) if fmt is not None and x.dim() == 4 else x
     if isinstance(x, (list, tuple)):
-        return type(x)(_to(v, dev, fmt) for v in x)
+        return type(x)(to_device(v, dev, fmt) for v in x)
     if isinstance(x, dict):
-        return {k: _to(v, dev, fmt) for k, v in x.items()}
+        return {k: to_device(v, dev, fmt) for k, v in x.items()}
     return x
 
 

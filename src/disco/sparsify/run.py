@@ -20,7 +20,7 @@ from ..loading import load, save_disco
 from ..masks import DiscoModel
 from ..seed import seed_everything
 from ..tasks import Task, get_task
-from ..train import cosine_with_warmup, fit
+from ..train import cosine_with_warmup, fit, to_device
 from .prune import GradualPruner
 from .scores import taylor_scores
 from .select import DEFAULT_MAX_FLOPS, DEFAULT_MAX_WEIGHTS_PER_NODE, link_costs
@@ -122,7 +122,8 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     if cfg.selection == "taylor":
         calib = loaders.calibration if loaders.calibration is not None else loaders.train
         taylor_fn = lambda d: taylor_scores(  # noqa: E731
-            d, ((x.to(device), y.to(device)) for x, y in itertools.islice(iter(calib), 4)), loaders.loss)
+            d, ((to_device(x, device), to_device(y, device)) for x, y in itertools.islice(iter(calib), 4)),
+            loaders.loss)
     lr = cfg.lr if cfg.lr is not None else loaders.lr
     wd = cfg.weight_decay if cfg.weight_decay is not None else loaders.weight_decay
     cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
