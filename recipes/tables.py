@@ -774,7 +774,8 @@ def selection_groups(entries: list[dict]) -> dict[tuple, list[dict]]:
     """Runs of results/cifar10_selection.json by (budget, N, target r, selection, epochs, subset)."""
     out: dict[tuple, list[dict]] = {}
     for e in entries:
-        k = (e["budget"], e["nodes"], e["target_ratio"], e["selection"], e["epochs"], e["train_subset"])
+        budget = e["budget"] + (f", latency weight {e['latency_weight']:g}" if e.get("latency_weight") else "")
+        k = (budget, e["nodes"], e["target_ratio"], e["selection"], e["epochs"], e["train_subset"])
         out.setdefault(k, []).append(e)
     return out
 
@@ -822,10 +823,11 @@ def selection_verdict(entries: list[dict], nodes: int = 4, ratio: float = 0.1) -
 
 
 def budget_comparison(entries: list[dict]) -> str:
-    """The joint budget against the global one at equal selection, r and fine-tuning: accuracy, FLOPs, weights."""
+    """The joint budget, or a latency weight, against the plain global budget at equal selection, r and
+    fine-tuning: accuracy, FLOPs, weights and messages per inference."""
     groups = selection_groups(entries)
     lines = []
-    for k in sorted(g for g in groups if g[0] == "joint"):
+    for k in sorted(g for g in groups if g[0] != "global"):
         ref = groups.get(("global", *k[1:]))
         if not ref:
             continue
@@ -835,10 +837,12 @@ def budget_comparison(entries: list[dict]) -> str:
             e = runs[0]
             return (f"{m:.2f} +- {sd:.2f} ({len(runs)} seeds; r {e['ratio']:.3f}, "
                     f"FLOPs {e['flops_total'] / e['flops_dense']:.2f}x, "
-                    f"weights per node at most {max(e['params_per_node']) / e['params_dense']:.2f}x of the model)")
+                    f"weights per node at most {max(e['params_per_node']) / e['params_dense']:.2f}x of the model"
+                    + (f", {e['messages_per_inference']} messages per inference" if e.get("messages_per_inference")
+                       else "") + ")")
 
         d = _ms([e["top1"] for e in groups[k]])[0] - _ms([e["top1"] for e in ref])[0]
-        lines.append(f"N={k[1]}, r={k[2]:g}, {k[3]} selection, {k[4]} epochs on {k[5]} images: joint budget "
+        lines.append(f"N={k[1]}, r={k[2]:g}, {k[3]} selection, {k[4]} epochs on {k[5]} images: {k[0]} "
                      f"{prof(groups[k])} against global {prof(ref)}: {d:+.2f} points.")
     return "\n".join(lines) if lines else "No joint-budget runs yet."
 

@@ -22,8 +22,9 @@ from common import sparsify_cached  # noqa: E402
 DENSE = ROOT / "src" / "disco" / "assets" / "cifar_resnet20_dense.safetensors"
 SETTINGS = [(4, 0.1), (2, 0.1), (4, 0.05), (2, 0.05)]  # (nodes, ratio), the target setting first
 SELECTIONS = ["random", "magnitude", "taylor", "lasso"]
-FIELDS = ("selection", "budget", "nodes", "ratio", "target_ratio", "seed", "top1", "epochs", "train_subset",
-          "distill", "bytes", "dense_bytes", "flops_total", "flops_dense", "params_per_node", "params_dense", "name")
+FIELDS = ("selection", "budget", "latency_weight", "nodes", "ratio", "target_ratio", "seed", "top1", "epochs",
+          "train_subset", "distill", "messages_per_inference", "bytes", "dense_bytes", "flops_total", "flops_dense",
+          "params_per_node", "params_dense", "name")
 
 
 def main() -> None:
@@ -36,6 +37,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--train-subset", type=int, default=2500, help="0: the whole training set")
     p.add_argument("--distill", type=float, default=0.5)
+    p.add_argument("--latency-weight", type=float, default=0.0,
+                   help="global budget: bytes charged per message kept (disco sparsify --latency-weight)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--runs", default=str(ROOT / "runs" / "selection"))
     p.add_argument("--result", default=str(ROOT / "results" / "cifar10_selection.json"))
@@ -47,12 +50,15 @@ def main() -> None:
     for nodes, ratio in settings:
         for seed in (int(s) for s in a.seeds.split(",")):
             for sel in a.selections.split(","):
-                name = f"n{nodes}_r{ratio}_{a.budget}_{sel}_e{a.epochs}_sub{subset or 'all'}_s{seed}"
+                lw = f"_lw{a.latency_weight:g}" if a.latency_weight else ""
+                name = f"n{nodes}_r{ratio}_{a.budget}{lw}_{sel}_e{a.epochs}_sub{subset or 'all'}_s{seed}"
                 recover(runs, name, epochs=a.epochs, seed=seed, train_subset=subset, distill=a.distill)
                 config = {"nodes": nodes, "ratio": ratio, "epochs": a.epochs, "budget": a.budget, "selection": sel,
                           "seed": seed, "train_subset": subset, "distill": a.distill}
+                if a.latency_weight:
+                    config["latency_weight"] = a.latency_weight
                 sparsify_cached(runs, DENSE, a.data, name, config, a.threads, seed=seed, train_subset=subset,
-                                distill=a.distill)
+                                distill=a.distill, latency_weight=a.latency_weight)
                 collect(runs, Path(a.result))
 
 
@@ -76,7 +82,18 @@ def recover(runs: Path, name: str, **fields: object) -> None:
 
 def collect(runs: Path, result: Path) -> None:
     """Every finished run of ``runs`` (all budgets and sizes) into ``result``, sorted, with the fields above."""
-    entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
+    entries = []
+    for f in sorted(runs.glob("*.json")):
+        e = json.loads(f.read_text())
+        ckpt = f.with_suffix(".safetensors")
+        if "messages_per_inference" not in e and ckpt.is_file():  # runs from before the field: from the checkpoint
+            from disco.cost import estimate
+            from disco.loading import load
+
+            loaded = load(ckpt)
+            e["messages_per_inference"] = estimate(loaded.partition, loaded.model.kept).messages_per_inference
+            f.write_text(json.dumps(e))
+        entries.append(e)
     rows = [{k: e.get(k) for k in FIELDS} for e in entries]
     rows.sort(key=lambda e: (e["budget"], -e["nodes"], -e["target_ratio"], e["selection"], e["seed"]))
     result.write_text(json.dumps(rows, indent=1) + "\n")

@@ -155,7 +155,7 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
         "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
         "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
         "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
-        "params_dense": rep.params_dense,
+        "params_dense": rep.params_dense, "messages_per_inference": rep.messages_per_inference,
     }
     if D.world() > 1:
         result["processes"] = D.world()
