@@ -62,6 +62,13 @@ def test_first_reason_first_and_each_reason_once() -> None:
     assert msg == "rank 2: lost rank 1: no heartbeat for 4.0 s; rank 1 (stopped) was ended by the launcher"
 
 
+def test_a_reason_that_names_its_rank_is_not_prefixed_again() -> None:
+    err = {0: "", 1: "disco node 1: error: rank 1 refused to start: shard node1.safetensors is damaged\n",
+           10: "disco node 10: error: rank 1 is gone\n"}
+    msg = failure_message([1, 10], {0: 3, 1: 2, 10: 2}, err, {})
+    assert msg.startswith("rank 1 refused to start: shard node1.safetensors is damaged; rank 10: rank 1 is gone")
+
+
 def test_a_stream_settles_its_sends() -> None:
     """The leader's sends are completed and dropped once their inference is back (bounded memory)."""
     from disco.runtime.transport import DistTransport

@@ -83,7 +83,7 @@ def failure_message(order: list[int], codes: dict[int, int | None], stderr: dict
         if any(s in why for s in seen):
             continue
         seen.append(re.sub(r"^stopping: rank \d+ reported: ", "", why))
-        parts.append(f"rank {r}: {why}")
+        parts.append(why if re.match(rf"ranks? ({r}\b|[\d, ]*\b{r}\b)", why) else f"rank {r}: {why}")
     parts += [f"rank {r} ({how}) was ended by the launcher" for r, how in sorted(killed.items())]
     return "; ".join(parts) or f"nodes exited with codes {[codes[r] for r in sorted(codes)]}"
 
