@@ -97,6 +97,9 @@ def test_errors_are_clear(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o.safetensors"), "--epochs", "1"]) == 2
     assert "holds no CIFAR-10" in capsys.readouterr().err
+    out = tmp_path / "new" / "o.safetensors"  # a refused --data leaves no folder behind for --out
+    assert main(["train", "--data", str(tmp_path / "none"), "--out", str(out), "--epochs", "1"]) == 2
+    assert "does not exist" in capsys.readouterr().err and not out.parent.exists()
 
 
 def test_console_script_entry_point():
@@ -125,6 +128,12 @@ def test_export_and_run_a_sparsified_checkpoint(tiny_cifar, tmp_path, capsys):
     assert r["data"]["n"] == 16 and r["data"]["top1"] == pytest.approx(s["top1"])  # same predictions
     assert main(["cost", str(sp), "--json"]) == 0  # the cost model counts the messages the run sends
     assert _json(capsys)["messages_per_inference"] == r["messages_per_inference"] > 2
+    import disco
+
+    seen: list[tuple[int, int]] = []  # progress of the test split (disco run --data shows it as a bar)
+    disco.run(out, 2, data=str(tiny_cifar), iters=1, warmup=0, progress=lambda d, t: seen.append((d, t)))
+    assert seen and seen[-1][0] == seen[-1][1] > 0, seen
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:], strict=False)), seen
 
 
 @pytest.mark.dist
@@ -199,3 +208,30 @@ def test_joint_budget_refuses_caps_below_the_floor(capsys):
     assert main(["cost", "cifar_resnet8", "--ratio", "0.2", "--budget", "joint", "--max-flops", "0.3",
                  "--input-shape", "1,3,32,32"]) == 2
     assert "cannot be met by any choice of links" in capsys.readouterr().err
+
+
+def test_export_model_name_latency_weight(tmp_path, capsys):
+    """disco export MODEL --latency-weight: the same bytes budget in fewer messages (as `disco cost` counts them);
+    a checkpoint brings its own links and refuses the option."""
+    from disco.checkpoint import unpack_bits
+    from disco.cost import estimate
+    from disco.runtime.export import meta_partition
+
+    msgs, ratios = [], []
+    for lw in ("0", "100000"):
+        out = tmp_path / f"lw{lw}"
+        assert main(["export", "cifar_resnet8", "--nodes", "3", "--ratio", "0.2", "--latency-weight", lw,
+                     "--out", str(out), "--json"]) == 0
+        man = json.loads((out / "manifest.json").read_text())
+        rep = estimate(meta_partition(man), unpack_bits(man["kept"], man["n_links"]))
+        msgs.append(rep.messages_per_inference)
+        ratios.append(rep.ratio)
+        assert abs(rep.ratio - man["ratio"]) < 1e-9
+    assert msgs[1] < msgs[0], msgs
+    assert abs(ratios[0] - 0.2) < 0.02 and abs(ratios[1] - 0.2) < 0.02, ratios
+    source = json.loads((tmp_path / "lw100000" / "manifest.json").read_text())["info"]["source"]
+    assert "latency weight 100000" in source
+    ckpt = tmp_path / "c.safetensors"
+    ckpt.write_bytes(b"")
+    assert main(["export", str(ckpt), "--latency-weight", "10", "--out", str(tmp_path / "x")]) == 2
+    assert "--latency-weight are for a model name" in capsys.readouterr().err

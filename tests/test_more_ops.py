@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import randomize_bn, reference_forward
+from reference import randomize_bn, reference_forward, rel_err
 from torch import nn
 
 from disco.cost import estimate
@@ -109,10 +109,6 @@ MODELS = {"samepad": (SamePad, (1, 3, 19, 17)), "convnextish": (ConvNeXtish, (2,
           "shuffle": (Shuffle, (1, 3, 8, 8))}
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
-
-
 def _model(name: str, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(seed)
     make, shape = MODELS[name]
@@ -134,7 +130,7 @@ def test_invariant1_all_links_equals_original(name: str, nodes: int) -> None:
     part = partition(model, x, nodes)
     assert part.n_links > 0
     with torch.no_grad():
-        assert _rel(DiscoModel(model, part).eval()(x), ref) < 1e-5
+        assert rel_err(DiscoModel(model, part).eval()(x), ref) < 1e-5
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
@@ -148,9 +144,9 @@ def test_invariants_2_to_4_and_the_masks(name: str, nodes: int) -> None:
     with torch.no_grad():
         ref = dm(x)
         # the masks compute what nodes compute when each sees only its own and received channels
-        assert _rel(ref, reference_forward(part, capture(plain, x), kept, x)) < 1e-5
+        assert rel_err(ref, reference_forward(part, capture(plain, x), kept, x)) < 1e-5
     out, trs = simulate(part, kept, x, timeout=20)
-    assert _rel(out, ref) < 1e-4  # invariant 2
+    assert rel_err(out, ref) < 1e-4  # invariant 2
     rep = estimate(part, kept)
     assert sum(t.payload_bytes for t in trs) == rep.bytes > 0  # invariant 3
     params = [RankPlan(part, kept, j).shard_from(part.gm)[1] for j in range(nodes)]

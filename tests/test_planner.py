@@ -132,3 +132,21 @@ def test_codec_cost_is_charged_per_value_encoded_and_decoded() -> None:
     assert charged - plain == pytest.approx(values * 3e-6, rel=1e-9)
     same = sum(s[1] for p in planner.price(progs, cal, codec="fp32") for s in p if s[0] == "c")
     assert same == pytest.approx(plain, rel=1e-12)
+
+
+def test_codec_drops_count_only_quality_metrics(tmp_path, monkeypatch) -> None:
+    """A codec's drop is the worst loss of a quality metric against fp32; timings (detection's model_ms), counts,
+    per-class IoU and the bicubic baseline are not accuracy."""
+    entries = [
+        {"checkpoint": "det", "codec": "fp32", "metrics": {"map": 33.0, "map50": 43.0, "n": 500, "model_ms": 9.7}},
+        {"checkpoint": "det", "codec": "int8", "metrics": {"map": 32.9, "map50": 42.5, "n": 500, "model_ms": 5.0}},
+        {"checkpoint": "sr", "codec": "fp32", "metrics": {"psnr_set5": 30.5, "bicubic_psnr_set5": 28.4}},
+        {"checkpoint": "sr", "codec": "int8", "metrics": {"psnr_set5": 30.2, "bicubic_psnr_set5": 20.0}},
+        {"checkpoint": "seg", "codec": "fp32", "metrics": {"miou": 34.6, "iou_pole": 9.0}},
+        {"checkpoint": "seg", "codec": "fp16", "metrics": {"miou": 34.6, "iou_pole": 0.0}},
+    ]
+    (tmp_path / "codecs.json").write_text(json.dumps({"entries": entries}))
+    monkeypatch.setattr(planner, "RESULTS", tmp_path)
+    drops = planner.codec_drops()
+    assert drops["int8"] == pytest.approx(0.5)  # map50 43.0 -> 42.5; not model_ms 9.7 -> 5.0
+    assert drops["fp16"] == pytest.approx(0.0)

@@ -311,6 +311,15 @@ def _accuracy_table(model: str) -> list[dict[str, Any]]:
     return rows
 
 
+QUALITY_METRICS = ("top1", "top5", "miou", "pixel_acc", "map", "map50")
+
+
+def is_quality_metric(key: str) -> bool:
+    """A task metric where higher is better and a drop is an accuracy loss (not a count, a timing such as
+    detection's ``model_ms``, a per-class IoU or the bicubic baseline of super-resolution)."""
+    return key in QUALITY_METRICS or key.startswith("psnr_")
+
+
 def codec_drops() -> dict[str, float]:
     """Per codec: the worst metric drop against fp32 over the checkpoints of results/codecs.json."""
     p = RESULTS / "codecs.json"
@@ -326,8 +335,7 @@ def codec_drops() -> dict[str, float]:
         b = base.get(e["checkpoint"])
         if b is None:
             continue
-        drops = [b[k] - v for k, v in e["metrics"].items() if k in b and k not in ("n",) and "bicubic" not in k
-                 and isinstance(v, (int, float)) and not k.startswith(("iou_", "ssim"))]
+        drops = [b[k] - v for k, v in e["metrics"].items() if k in b and is_quality_metric(k)]
         out[e["codec"]] = max(out.get(e["codec"], 0.0), max(drops, default=0.0))
     return out
 

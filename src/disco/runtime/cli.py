@@ -12,6 +12,7 @@ from ..validate import (
     check_data_folder,
     codec_arg,
     nodes_arg,
+    nonnegative_float,
     positive_float,
     ratio_arg,
     shape_arg,
@@ -23,9 +24,10 @@ log = logging.getLogger(__name__)
 
 def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape: tuple[int, ...] | None,
                       shares: tuple[float, ...] | None = None, budget: str = "global", codec: str = "fp32",
-                      weights: str | None = None, seed: int = 0) -> dict[str, Any]:
+                      weights: str | None = None, seed: int = 0, latency_weight: float = 0.0) -> dict[str, Any]:
     """Export a bare architecture (random init, or ``weights``) with links chosen by weight magnitude at
-    ``ratio``, as ``disco cost MODEL`` costs it: for latency and memory, not for accuracy."""
+    ``ratio``, as ``disco cost MODEL`` costs it: for latency and memory, not for accuracy. ``latency_weight``:
+    bytes charged per message kept (the global budget's ``--latency-weight``)."""
     import torch
 
     from ..graph import partition
@@ -44,11 +46,15 @@ def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape
         raise InputError(f"--shares has {len(shares)} values for --nodes {nodes}")
     part = partition(model, tuple(input_shape), nodes, shares)
     dm = DiscoModel(model, part)
-    kept = select_links(part, magnitude_scores(dm), ratio, budget) if ratio < 1 else part.all_links()
+    if latency_weight and budget != "global":
+        raise InputError("--latency-weight applies to the global budget only")
+    kept = (select_links(part, magnitude_scores(dm), ratio, budget, latency_weight=latency_weight / 4)
+            if ratio < 1 else part.all_links())
     dm.set_kept(kept)
+    lw = f", latency weight {latency_weight:g} bytes per message" if latency_weight else ""
     return export(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
                   info={"source": f"model name {name}, {'given weights' if weights else 'random init'}, "
-                                  f"magnitude links at r={ratio:g} ({budget} budget)"})
+                                  f"magnitude links at r={ratio:g} ({budget} budget{lw})"})
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -57,15 +63,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..api import export
 
     if args.ckpt.endswith(".safetensors") or Path(args.ckpt).is_file():
-        if args.ratio is not None or args.shares is not None or args.nodes is not None:
+        if args.ratio is not None or args.shares is not None or args.nodes is not None or args.latency_weight:
             raise ValueError(f"{args.ckpt} is a checkpoint: it brings its own N, shares and kept links "
-                             "(--nodes/--shares/--ratio are for a model name)")
+                             "(--nodes/--shares/--ratio/--latency-weight are for a model name)")
         man = export(args.ckpt, args.out, codec=args.codec)
     else:
         nodes = args.nodes or (len(args.shares) if args.shares else 2)
         man = export_model_name(args.ckpt, args.out, nodes, 1.0 if args.ratio is None else args.ratio,
                                 args.input_shape, args.shares, args.budget, args.codec,
-                                args.weights)
+                                args.weights, latency_weight=args.latency_weight)
     summary = {"out": args.out, "nodes": man["nodes"], "ratio": man["ratio"],
                "params_per_node": [s["params"] for s in man["shards"]],
                "bytes_per_node": [s["bytes"] for s in man["shards"]], "params_dense": man["params_dense"]}
@@ -150,6 +156,9 @@ def add_subcommands(sub: Any) -> None:
     e.add_argument("--shares", type=shares_arg, help="model name: node shares, e.g. 2,1 (default equal)")
     e.add_argument("--ratio", type=ratio_arg, help="model name: target r in [0, 1] (default 1 = dense)")
     e.add_argument("--budget", default="global", choices=("global", "layer"))
+    e.add_argument("--latency-weight", type=nonnegative_float, default=0.0,
+                   help="model name, global budget: charge every message kept this many bytes when ranking links "
+                        "(as disco cost/sparsify --latency-weight)")
     e.add_argument("--input-shape", type=shape_arg, help="model name: e.g. 1,3,224,224 (default: the model's own)")
     e.add_argument("--weights", help="model name: local state-dict file")
     e.add_argument("--out", required=True,

@@ -219,6 +219,8 @@ def launch(d: str | Path, nodes: int, opts: RunOptions | list[str] | None = None
             for f in errs.values():
                 f.flush()
         codes_d = {r: procs[r].returncode for r in ranks}
+        if progress is not None and prog_file.is_file():  # the last state, also when the split ran between polls
+            _report_progress(prog_file, progress)
         stderr: dict[int, str] = {}
         for r in ranks:
             errs[r].seek(0)
