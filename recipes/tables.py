@@ -912,6 +912,18 @@ def planner_validation(data: dict) -> str:
     return "\n".join(out)
 
 
+def placement_table(rows: list[dict]) -> str:
+    """Dense bytes per image at N=2 with channels sent after the channel-local ops (the sender applies them)
+    and before them (the receiver applies them: exchange placement)."""
+    out = ["| model | input | N | bytes, sender applies (MB) | bytes, receiver applies (MB) | saving |",
+           "|---|---|---|---|---|---|"]
+    for e in rows:
+        out.append(f"| {e['model']} | {'x'.join(map(str, e['input_shape']))} | {e['nodes']} | "
+                   f"{e['dense_bytes_sender'] / 1e6:.1f} | {e['dense_bytes_receiver'] / 1e6:.1f} | "
+                   f"{e['saving']:.1%} |")
+    return "\n".join(out)
+
+
 TABLES = {
     "cifar10_resnet": ("cifar10_resnet", cifar10_resnet),
     "cifar10_summary": ("cifar10_resnet", cifar10_summary),
@@ -944,6 +956,7 @@ TABLES = {
     "budget_comparison": ("cifar10_selection", budget_comparison),
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
+    "placement": ("placement", placement_table),
 }
 # results JSON name -> plot written next to it as NAME.png
 PLOTS = {"cifar10_resnet": plot_cifar10, "cifar10_vit": plot_cifar10_vit, "sr_rrdbnet": plot_sr,
