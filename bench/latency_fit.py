@@ -185,6 +185,17 @@ def summary(es: list[dict], preds: list[float]) -> dict:
             "median_abs_log": float(np.median(np.abs(np.log(r)))) if len(r) else None}
 
 
+def _old_ratios(entries: list[dict], unshaped_n4: bool) -> str:
+    """The old model's error on one group of entries (keys MODEL|N|r|codec|Mbit|shaping): for unshaped N=4,
+    old prediction / measured; for paced 1 Gbit/s, measured / old prediction."""
+    def group(k: list[str]) -> bool:
+        return (k[1] == "4" and k[5] != "pacing") if unshaped_n4 else (k[4] == "1000" and k[5] == "pacing")
+
+    r = [(e["old_predicted_ms"] / e["measured_ms"]) if unshaped_n4 else (e["measured_ms"] / e["old_predicted_ms"])
+         for e in entries if group(e["key"].split("|"))]
+    return f"median {np.median(r):.2f}x, from {min(r):.2f} to {max(r):.2f}x over {len(r)} entries" if r else "none"
+
+
 def page(out: dict) -> str:
     """docs/latency-model.md from results/latency_model.json."""
     c = out["calibration"]
@@ -193,11 +204,12 @@ def page(out: dict) -> str:
          "`results/latency.json`); do not edit by hand.", "",
          "## Why the old model missed", "",
          "The old model replayed per-node traces with a per-message CPU overhead of 1 ms after every received "
-         "message on unshaped links, calibrated on one run (resnet50 dense N=2 loopback, messages of ~350 KB), "
+         "message on unshaped links, calibrated on one run (resnet50 dense N=2 loopback), "
          "and none on paced links. That overhead is not a fixed CPU cost per message: at N=4 on the 2-core host "
-         "the four processes share the cores, so a CPU cost per message was paid twice over (predictions 1.5-2.6x "
-         "too high, unshaped N=4), while paced links at 1 Gbit/s, where the wire is fast, paid none "
-         "(predictions 1.3-2.3x too low). What the measurements show instead: a node that blocks on a message "
+         "the four processes share the cores, so a CPU cost per message was paid twice over (predictions too "
+         f"high at unshaped N=4: old / measured {_old_ratios(out['entries'], True)}), while paced links at "
+         "1 Gbit/s, where the wire is fast, paid none (predictions too low: measured / old "
+         f"{_old_ratios(out['entries'], False)}). What the measurements show instead: a node that blocks on a message "
          "that has not arrived pays a wake-up (process and gloo thread) once per blocking wait, not per "
          "message; a message already there costs little; the loopback copy costs CPU per byte; and four "
          "processes on two cores do less useful work than two (context switches).", "",

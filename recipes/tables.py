@@ -880,13 +880,15 @@ def plot_selection(entries: list[dict], path: Path) -> None:
 
 
 def latency_weight_table(rows: list[dict]) -> str:
-    out = ["| model | N | link | r | latency weight | messages / inference | predicted ms | communication only ms |",
-           "|---|---|---|---|---|---|---|---|"]
+    """Per latency weight: messages, predicted latency and, where run (``--measure``), the measured median."""
+    out = ["| model | N | link | r | latency weight | messages / inference | predicted ms | communication only ms "
+           "| measured ms (disco run) |", "|---|---|---|---|---|---|---|---|---|"]
     for e in rows:
         w = "none" if not e["latency_weight_x"] else f"{e['latency_weight_x']:g} x latency x bandwidth"
+        m = f"{e['measured_ms']:.0f}" if e.get("measured_ms") is not None else "not run"
         out.append(f"| {e['model']} | {e['nodes']} | {e['bandwidth_mbit']:g} Mbit/s, {e['latency_ms']:g} ms | "
                    f"{e['ratio']:.3f} | {w} | {e['messages_per_inference']} | {e['predicted_ms']:.0f} | "
-                   f"{e['predicted_ms_communication_only']:.0f} |")
+                   f"{e['predicted_ms_communication_only']:.0f} | {m} |")
     return "\n".join(out)
 
 

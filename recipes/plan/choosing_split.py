@@ -71,7 +71,7 @@ def page(data: dict) -> str:
                   f"faster than dense, with at most {max(rec['weight_bytes_per_node']) / 1e6:.0f} MB of weights "
                   f"per node. "
                   f"{res['why']}.", "",
-              f"![Pareto front at {bw}](../results/plan_resnet50_{bw}.png)", "", "Commands:", "", "```"]
+              f"![Pareto front at {bw}](../results/plan_resnet50_{bw}.png)", "", "Commands:", "", "```bash"]
         L += res["commands"] + ["```", ""]
     L += ["The front lists, for each r, the fastest configuration (r stands for accuracy here: no resnet50 "
           "DISCO accuracy is in the repository). Accuracy is what r and the codec cost on the tasks measured "

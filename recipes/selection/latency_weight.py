@@ -6,8 +6,10 @@ traced (disco.runtime.latency.trace_plan, 1 thread) and replayed through the lat
 the given bandwidth and one-way latency (one core per node; per-message delay from results/latency.json).
 ``predicted_ms_communication_only`` replays the same programs with every compute segment removed: the
 part that the kept set's messages decide, independent of how loaded the machine was while tracing.
+With ``--measure`` each kept set is also exported and run as N processes on the emulated link (``disco
+export MODEL --latency-weight B`` then ``disco run --bandwidth --latency``): ``measured_ms`` is the median.
 
-    OMP_NUM_THREADS=1 nice -n 10 python recipes/selection/latency_weight.py   # -> results/latency_weight.json
+    OMP_NUM_THREADS=1 nice -n 10 python recipes/selection/latency_weight.py --measure   # -> results/latency_weight.json
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> None:
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--weights", default="1,0.25,4", help="latency weights as multiples of latency x bandwidth")
     p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--measure", action="store_true", help="also export and run each kept set (disco run)")
+    p.add_argument("--iters", type=int, default=5, help="--measure: timed inferences per run")
     p.add_argument("--out", default=str(ROOT / "results" / "latency_weight.json"))
     a = p.parse_args()
     torch.manual_seed(0)
@@ -67,8 +71,29 @@ def main() -> None:
                      "predicted_ms_no_overlap": round(pred["predicted_ms_no_overlap"], 1),
                      "predicted_ms_communication_only": round(comm["predicted_ms"], 1),
                      "compute_ms_per_node": [round(c, 1) for c in pred["compute_ms_per_node"]]})
+        if a.measure:
+            rows[-1].update(measure(a, mult * per_message, rep))
         print(json.dumps(rows[-1]), flush=True)
     Path(a.out).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def measure(a: argparse.Namespace, latency_weight: float, rep: object) -> dict:
+    """Export the same kept set (``disco export MODEL --latency-weight``) and run it on the emulated link."""
+    import os
+    import tempfile
+
+    import disco
+    from disco.runtime.cli import export_model_name
+
+    with tempfile.TemporaryDirectory(prefix="disco-lw-") as d:
+        man = export_model_name(a.model, d, a.nodes, a.ratio, None, latency_weight=latency_weight)
+        assert abs(man["ratio"] - rep.ratio) < 1e-9, "the export kept other links than the estimate"
+        r = disco.run(d, a.nodes, bandwidth=f"{a.mbit:g}mbit", latency=f"{a.latency_ms:g}ms", iters=a.iters,
+                      warmup=1)
+    return {"measured_ms": round(r["latency_ms_median"], 1), "measured_ms_all": [round(x, 1) for x in
+            r["latency_ms_all"]], "messages_measured": r["messages_per_inference"],
+            "bytes_sent": r["bytes_sent_total"], "bytes_predicted": r["bytes_predicted"],
+            "loadavg_1min": os.getloadavg()[0]}
 
 
 if __name__ == "__main__":
