@@ -99,7 +99,7 @@ def test_errors_are_clear(tmp_path, capsys):
     assert "holds no CIFAR-10" in capsys.readouterr().err
     out = tmp_path / "new" / "o.safetensors"  # a refused --data leaves no folder behind for --out
     assert main(["train", "--data", str(tmp_path / "none"), "--out", str(out), "--epochs", "1"]) == 2
-    assert "does not exist" in capsys.readouterr().err and not out.parent.exists()
+    assert "holds no CIFAR-10" in capsys.readouterr().err and not out.parent.exists()
 
 
 def test_console_script_entry_point():

@@ -169,6 +169,7 @@ def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str
         raise ValueError(f"--num-classes {num_classes}, but {data} has {kwargs['num_classes']} classes")
     net = build_model(name, weights=weights, new_head=num_classes is not None, **kwargs)
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # once the data and the model were read
     lr = lr if lr is not None else getattr(t, "lr", 0.1)
     wd = weight_decay if weight_decay is not None else getattr(t, "weight_decay", 5e-4)
     hist = fit(net, train_loader, t.loss, epochs=epochs, lr=lr, weight_decay=wd,

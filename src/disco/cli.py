@@ -26,10 +26,10 @@ def _threads(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from . import distributed as D
     from .api import train_checkpoint
-    from .validate import check_data_folder, prepare_output
+    from .validate import prepare_output
 
-    check_data_folder(args.data)  # before --out's folders are created
-    res = train_checkpoint(args.task, args.data, prepare_output(args.out), model=args.model, weights=args.weights,
+    out = prepare_output(args.out, create=False)
+    res = train_checkpoint(args.task, args.data, out, model=args.model, weights=args.weights,
                            epochs=args.epochs, lr=args.lr, weight_decay=args.wd, optimizer=args.optimizer,
                            batch_size=args.batch_size, limit=args.limit, seed=args.seed, eval_every=args.eval_every,
                            num_classes=args.num_classes, image_size=args.image_size, workers=args.workers,

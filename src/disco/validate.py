@@ -238,12 +238,14 @@ def check_nodes_fit(model: nn.Module, nodes: int, name: str = "the model") -> No
 
 # ---- files ------------------------------------------------------------------------------------
 
-def prepare_output(path: str | Path) -> Path:
-    """An output file's path: refused if it is an existing folder; its parent folders are created."""
+def prepare_output(path: str | Path, create: bool = True) -> Path:
+    """An output file's path: refused if it is an existing folder; its parent folders are created (with
+    ``create=False`` the caller creates them once the other inputs are checked)."""
     out = Path(path)
     if out.is_dir():
         raise InputError(f"--out {path} is a folder; give a file name, e.g. {out / 'model.safetensors'}")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
 
