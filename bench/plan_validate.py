@@ -7,7 +7,9 @@
 For every setting: ``disco plan ... --cores 2 --json`` (the node processes share this host's 2
 cores), then ``disco export MODEL --nodes N [--shares] --ratio r --input-shape ...`` and ``disco run
 DIR --nodes N --codec C --bandwidth B --latency L --json``; measured median against
-``predicted_ms``, with the host's load average before and after each run (this host is shared:
+``predicted_ms``, and against ``predicted_ms_time_host``, the same plan with ``--time-host`` (the
+calibration's CPU costs scaled by the model's one-process time on this host), with the host's load
+average before and after each run (this host is shared:
 other people's jobs inflate what is measured). The calibration (results/latency_model.json) saw
 resnet50 and cifar_resnet20 at N=2 and 4, equal shares, 10/100/1000 Mbit/s and unshaped, no added
 latency: every setting below differs (N=3, 20 ms and other latencies, unequal shares, other models).
@@ -97,6 +99,9 @@ def main() -> int:
         res = sh(plan_cmd)
         plan_s = time.perf_counter() - t0
         rec = res["recommended"]
+        timed = sh([*plan_cmd, "--time-host"])
+        same = [c for c in timed["candidates"] if all(c[k] == rec[k] for k in ("nodes", "ratio_target", "codec",
+                                                                              "shares"))]
         with tempfile.TemporaryDirectory() as d:
             sh([*DISCO, "export", s["model"], "--nodes", str(rec["nodes"]), "--ratio", str(rec["ratio_target"]),
                 "--input-shape", s["input_shape"], "--out", d, "--codec", rec["codec"], "--json",
@@ -108,6 +113,10 @@ def main() -> int:
         e = {"setting": s, "recommended": {k: rec[k] for k in ("nodes", "ratio_target", "ratio", "codec", "shares")},
              "predicted_ms": rec["predicted_ms"], "measured_ms": run["latency_ms_median"],
              "measured_over_predicted": round(run["latency_ms_median"] / rec["predicted_ms"], 3),
+             "predicted_ms_time_host": same[0]["predicted_ms"], "host": timed["host"],
+             "recommended_time_host": {k: timed["recommended"][k] for k in ("nodes", "ratio_target", "codec",
+                                                                           "shares")},
+             "measured_over_predicted_time_host": round(run["latency_ms_median"] / same[0]["predicted_ms"], 3),
              "bytes_sent": run["bytes_sent_total"], "bytes_predicted": rec["bytes"],
              "loadavg_1min_before": round(load0, 2), "loadavg_1min_after": round(load1, 2),
              "plan_seconds": round(plan_s, 1), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}

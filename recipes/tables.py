@@ -893,22 +893,30 @@ def latency_weight_table(rows: list[dict]) -> str:
 
 
 def planner_validation(data: dict) -> str:
-    """Each unseen setting: the planner's recommendation, predicted and measured ms, and the host's slowdown."""
-    out = ["| model | input | link | N offered | recommended | predicted ms | measured ms | measured / predicted |",
-           "|---|---|---|---|---|---|---|---|"]
+    """Each unseen setting: the planner's recommendation, predicted (as calibrated, and with ``--time-host``)
+    and measured ms, and the host's speed against the calibration's."""
+    out = ["| model | input | link | N offered | recommended | predicted ms | measured ms | measured / predicted "
+           "| predicted ms, --time-host | measured / predicted, --time-host |", "|" + "---|" * 10]
     for e in data["entries"]:
         s, r = e["setting"], e["recommended"]
         rec = f"N={r['nodes']}, r={r['ratio_target']:g}, {r['codec']}" + (
             f", shares {','.join(f'{x:g}' for x in r['shares'])}" if r.get("shares") else "")
+        th = (f"{e['predicted_ms_time_host']:.1f} | {e['measured_over_predicted_time_host']:.2f}"
+              if "predicted_ms_time_host" in e else "- | -")
         out.append(f"| {s['model']} | {s['input_shape']} | {s['bandwidth']}, {s['latency']} | {s['nodes']} | {rec} | "
-                   f"{e['predicted_ms']:.1f} | {e['measured_ms']:.1f} | {e['measured_over_predicted']:.2f} |")
-    ratios = [e["measured_over_predicted"] for e in data["entries"]]
-    within = sum(1 for x in ratios if 1 / 1.25 <= x <= 1.25)
-    out += ["", f"{within} of {len(ratios)} within 1.25x (measured / predicted from {min(ratios):.2f} to "
-            f"{max(ratios):.2f})."]
+                   f"{e['predicted_ms']:.1f} | {e['measured_ms']:.1f} | {e['measured_over_predicted']:.2f} | {th} |")
+
+    def within(key: str) -> str:
+        ratios = [e[key] for e in data["entries"] if key in e]
+        n = sum(1 for x in ratios if 1 / 1.25 <= x <= 1.25)
+        return f"{n} of {len(ratios)} within 1.25x (measured / predicted from {min(ratios):.2f} to {max(ratios):.2f})"
+
+    out += ["", f"As calibrated: {within('measured_over_predicted')}."]
+    if any("measured_over_predicted_time_host" in e for e in data["entries"]):
+        out.append(f"With `--time-host`: {within('measured_over_predicted_time_host')}.")
     h = data.get("host_check")
     if h:
-        slow = ", ".join(f"{m} {v['one_process_ms_now']:.1f} ms against {v['quiet_ms']:.1f} ms quiet "
+        slow = ", ".join(f"{m} {v['one_process_ms_now']:.1f} ms against {v['quiet_ms']:.1f} ms in results/latency.json "
                          f"({v['slowdown']:.1f}x)" for m, v in h.items() if isinstance(v, dict))
         out.append(f"Host check after the runs ({h['time']}, load {h['loadavg_1min']}): one process {slow}.")
     return "\n".join(out)

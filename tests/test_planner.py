@@ -150,3 +150,29 @@ def test_codec_drops_count_only_quality_metrics(tmp_path, monkeypatch) -> None:
     drops = planner.codec_drops()
     assert drops["int8"] == pytest.approx(0.5)  # map50 43.0 -> 42.5; not model_ms 9.7 -> 5.0
     assert drops["fp16"] == pytest.approx(0.0)
+
+
+def test_scaled_to_host_scales_cpu_costs_only() -> None:
+    """--time-host: the CPU costs scale by (one process here) / (one process in the calibration); link delays
+    do not; the one-process baseline becomes the time here."""
+    model = build_model("cifar_resnet8").eval()
+    cal = planner.Calibration(single_process={"cifar_resnet8|1,3,32,32": 10.0},
+                              codec_encode_s={"int8": 1e-9}, codec_decode_s={"int8": 3e-9})
+    new, host = planner.scaled_to_host(cal, model, "cifar_resnet8", (1, 3, 32, 32), measured_ms=25.0)
+    assert host["cpu_factor"] == pytest.approx(2.5) and host["one_process_ms_calibration"] == 10.0
+    for k in planner.CPU_FIELDS:
+        assert getattr(new, k) == pytest.approx(2.5 * getattr(cal, k))
+    assert (new.delay_a, new.delay_b, new.wake_unshaped_s) == (cal.delay_a, cal.delay_b, cal.wake_unshaped_s)
+    assert new.codec_encode_s["int8"] == pytest.approx(2.5e-9) and new.codec_decode_s["int8"] == pytest.approx(7.5e-9)
+    assert planner._single_process(model, "cifar_resnet8", (1, 3, 32, 32), new) == {
+        "ms": 25.0, "source": "measured (timed on this host)"}
+
+
+def test_cli_plan_time_host(capsys) -> None:
+    assert main(["plan", "cifar_resnet8", "--input-shape", "1,3,32,32", "--bandwidth", "100mbit", "--nodes", "2",
+                 "--time-host", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    h = res["host"]
+    assert h["one_process_ms_here"] > 0 and h["cpu_factor"] == pytest.approx(
+        h["one_process_ms_here"] / h["one_process_ms_calibration"], rel=1e-2)
+    assert res["single_process"]["ms"] == h["one_process_ms_here"]

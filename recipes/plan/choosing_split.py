@@ -79,8 +79,13 @@ def page(data: dict) -> str:
           "## Measured against predicted", "",
           "`bench/plan_validate.py` runs `disco plan` on six settings the calibration did not see (other models, "
           "N=3, unequal shares, 1 to 20 ms of latency), then exports and runs each recommendation with `disco run` "
-          "on this host (the node processes share its 2 cores: `--cores 2`); `--host-check` times one process "
-          "against its quiet time (other jobs on the shared host slow everything down).", "",
+          "on this host (the node processes share its 2 cores: `--cores 2`). The calibration "
+          "(results/latency_model.json) was fitted on the host that measured results/latency.json; on another "
+          "machine the node compute and the CPU cost of every message scale with its speed. `disco plan "
+          "--time-host` times the model once in one process here and scales the calibration's CPU costs by the "
+          "ratio to the calibration's one-process time (for a model with no measured one-process time, to the "
+          "compute model's prediction, which also absorbs that model's compute-model error); the link delays "
+          "stay. The host check at the end times one process of two models against results/latency.json.", "",
           "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
     return "\n".join(L)
 

@@ -255,7 +255,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         model=args.model, input_shape=tuple(args.input_shape), bandwidth_bps=parse_bandwidth(args.bandwidth),
         latency_s=parse_latency(args.latency) if args.latency else 0.0, nodes=tuple(args.nodes),
         codecs=tuple(args.codecs), ratios=tuple(args.ratios), max_memory_per_node=args.max_memory_per_node,
-        speeds=args.speeds, shares=args.shares, cores=args.cores, max_drop=args.max_drop, weights=args.weights)
+        speeds=args.speeds, shares=args.shares, cores=args.cores, max_drop=args.max_drop, weights=args.weights,
+        time_host=args.time_host)
     res = planner.plan(req, planner.Calibration.load(args.calibration) if args.calibration else None)
     res["commands"] = planner.commands(res, req)
     if args.plot:
@@ -350,6 +351,9 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
                    help="accuracy points the recommendation may lose")
     p.add_argument("--weights", help="local state-dict file for a model name")
     p.add_argument("--calibration", help="latency model calibration JSON (default results/latency_model.json)")
+    p.add_argument("--time-host", action="store_true",
+                   help="time the model once here (one process, 1 thread) and scale the calibration's CPU costs "
+                        "to this machine's speed (when the nodes are machines like this one)")
     p.add_argument("--plot", help="write the Pareto plot here (.png)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")

@@ -20,7 +20,7 @@ import copy
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ class Calibration:
     wake_paced_s: float = 0  # ... (paced)
     oversub: float = 0.85  # useful share of the cores while more node processes compute than there are cores
     single_process: dict[str, float] = field(default_factory=dict)  # model -> measured one-process ms
+    single_process_source: str = "results/latency.json"
     # codec -> seconds per value that encoding (sender) and decoding (receiver) cost beyond fp32's
     # (bench/codec_cost.py; fp32 is a view both ways, int8 takes a max-abs pass, a division and a cast)
     codec_encode_s: dict[str, float] = field(default_factory=dict)
@@ -376,6 +377,7 @@ class PlanRequest:
     min_ratio: float = 0.1  # without accuracy data, recommend r >= this only
     max_codec_drop: float = 0.3  # a codec whose measured worst drop exceeds this is not recommended blind
     weights: str | None = None
+    time_host: bool = False  # time the model here (one process, 1 thread) and scale the CPU costs to this host
 
 
 def _prepare(req: PlanRequest) -> tuple[Any, str, dict[str, Any]]:
@@ -410,6 +412,9 @@ def plan(req: PlanRequest, cal: Calibration | None = None) -> dict[str, Any]:
     cal = cal or Calibration.load()
     model, name, facts = _prepare(req)
     shape = tuple(req.input_shape)
+    host = None
+    if req.time_host:
+        cal, host = scaled_to_host(cal, model, name, shape)
     codec_drop = codec_drops()
     acc_rows = _accuracy_table(name)
     speeds = list(req.speeds) if req.speeds else None
@@ -452,7 +457,8 @@ def plan(req: PlanRequest, cal: Calibration | None = None) -> dict[str, Any]:
         c.pareto = True
     rec = recommend(feasible, req, codec_drop)
     return {"model": name, "input_shape": list(shape), "bandwidth_bps": req.bandwidth_bps, "latency_s": req.latency_s,
-            "cores": req.cores, "speeds": speeds, "calibration": cal.source, "checkpoint": facts or None,
+            "cores": req.cores, "speeds": speeds, "calibration": cal.source, "host": host,
+            "checkpoint": facts or None,
             "single_process": single, "codec_worst_drop": codec_drop,
             "candidates": [c.to_json() for c in cands],
             "recommended": None if rec is None else rec.to_json(),
@@ -490,11 +496,57 @@ def recommend(cands: list[Candidate], req: PlanRequest, drop: dict[str, float]) 
     return min(ok, key=lambda c: (c.predicted_ms, -c.ratio)) if ok else None
 
 
+CPU_FIELDS = ("flop_s", "op_s", "msg_s", "byte_s", "overhead_unshaped_s", "overhead_paced_s",
+              "overhead_unshaped_byte_s", "overhead_paced_byte_s")
+
+
+def time_one_process(model: Any, shape: tuple[int, ...], reps: int = 5) -> float:
+    """Median ms of one forward of ``model`` in this process on one torch thread (after one warm-up)."""
+    import statistics
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(shape)
+        ts = []
+        with torch.no_grad():
+            model(x)
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                model(x)
+                ts.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(ts) * 1e3
+
+
+def scaled_to_host(cal: Calibration, model: Any, name: str, shape: tuple[int, ...],
+                   measured_ms: float | None = None) -> tuple[Calibration, dict[str, Any]]:
+    """``cal`` with its CPU costs (compute, per-message and per-byte CPU, codecs) scaled to this host: the
+    factor is the model's one-process time here (``measured_ms``, else timed now) over the calibration's (its
+    measured one-process time for this model and shape, else its compute model's). Link delays are kept."""
+    ref = _single_process(model, name, shape, cal)
+    here = time_one_process(model, shape) if measured_ms is None else measured_ms
+    f = here / ref["ms"]
+    scaled = {k: getattr(cal, k) * f for k in CPU_FIELDS}
+    key = f"{name}|{','.join(map(str, shape))}"
+    new = replace(
+        cal, **scaled, single_process={**cal.single_process, key: round(here, 2)},
+        codec_encode_s={k: v * f for k, v in cal.codec_encode_s.items()},
+        codec_decode_s={k: v * f for k, v in cal.codec_decode_s.items()},
+        single_process_source="timed on this host", source=f"{cal.source}, CPU costs x {f:.2f} for this host")
+    return new, {"one_process_ms_here": round(here, 2), "one_process_ms_calibration": ref["ms"],
+                 "calibration_one_process_source": ref["source"], "cpu_factor": round(f, 3)}
+
+
 def _single_process(model: Any, name: str, shape: tuple[int, ...], cal: Calibration) -> dict[str, Any]:
     """The one-process baseline: measured (results/latency.json) at this input shape, else predicted."""
     key = f"{name}|{','.join(map(str, shape))}"
     if key in cal.single_process:
-        return {"ms": cal.single_process[key], "source": "measured (results/latency.json)"}
+        return {"ms": cal.single_process[key], "source": f"measured ({cal.single_process_source})"}
     from .cost import estimate
     from .graph import partition
 
@@ -560,6 +612,10 @@ def format_table(res: dict[str, Any]) -> str:
                      f"{max(c['memory_bytes_per_node']) / 1e6:>14.1f} {acc:>9}")
     s = res["single_process"]
     lines.append(f"one process: {s['ms']:.1f} ms ({s['source']})")
+    h = res.get("host")
+    if h:
+        lines.append(f"this host: one process {h['one_process_ms_here']:.1f} ms against "
+                     f"{h['one_process_ms_calibration']:.1f} ms in the calibration: CPU costs x {h['cpu_factor']:.2f}")
     lines.append(res["why"])
     return "\n".join(lines)
 
