@@ -55,3 +55,39 @@ def test_render_fills_a_marker_from_json_and_refuses_an_unknown_one(tmp_path):
     assert tables.render("<!-- table:sr_summary -->\nkept\n<!-- /table:sr_summary -->", tmp_path).count("kept") == 1
     with pytest.raises(KeyError, match="unknown table marker"):
         tables.render("<!-- table:nope -->\n<!-- /table:nope -->", tmp_path)
+
+
+def _script(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_page_{Path(path).stem}_{Path(path).parent.name}", ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _json(name: str):
+    import json
+
+    return json.loads((ROOT / "results" / name).read_text())
+
+
+def _codecs_page() -> str:
+    mod = _script("recipes/codecs/run.py")
+    return mod.report({**_json("codecs.json"), "notes": mod.NOTES})
+
+
+WHOLE_PAGES = {  # page -> how its generator writes it from the committed JSON
+    "docs/architectures.md": lambda: _script("recipes/architectures/run.py").table(_json("architectures.json")),
+    "docs/codecs.md": _codecs_page,
+    "docs/choosing-a-split.md": lambda: _script("recipes/plan/choosing_split.py").page(_json("plan_resnet50.json")),
+    "docs/latency-model.md": lambda: _script("bench/latency_fit.py").page(_json("latency_model.json")),
+}
+
+
+@pytest.mark.parametrize("page", sorted(WHOLE_PAGES))
+def test_whole_generated_pages_are_what_their_script_writes(page):
+    """Pages written whole by a recipe or bench script (then their markers by recipes/tables.py) match what
+    the script writes from the committed JSON: no hand edit survives, no stale page."""
+    expected = tables.render(WHOLE_PAGES[page](), ROOT / "results")
+    assert (ROOT / page).read_text() == expected, f"{page} is not what its generator writes from results/"

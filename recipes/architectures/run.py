@@ -122,6 +122,12 @@ def table(entries: list[dict]) -> str:
         lines.append(f"| {e['model']} | {e['source']} | yes | {e['dense_bytes'] / 1e6:.1f} | "
                      f"{e.get('ratio', float('nan')):.3f} | {'n/a' if err is None else f'{err:.1e}'} | "
                      f"{'yes' if same else 'no'} ({e.get('bytes_sent_total')}) | {res} |")
+    lines += ["", "## Exchange placement", "",
+              "Dense bytes per image (r = 1) with each channel sent after the channel-local ops that follow a "
+              "concatenation or an upsampling (the sender applies them, and the channel crosses again for every "
+              "later consumer) and before them (the receiver applies them, the default). `python "
+              "recipes/architectures/placement.py` writes `results/placement.json`; `python recipes/tables.py` "
+              "fills the table:", "", "<!-- table:placement -->", "<!-- /table:placement -->"]
     return "\n".join(lines) + "\n"
 
 
