@@ -94,6 +94,14 @@ def mode_of(r: float | None, n: int) -> str:
     return "dense" if r >= 1 else "separated" if r == 0 else "disco"
 
 
+def iterations(predicted_ms: float) -> tuple[int, int]:
+    """(timed, warm-up) inferences for a run predicted at ``predicted_ms``: 3 timed above 10 s, else 20,
+    and at least 2 s of timed work up to 200 timed (a median of a few ms needs many samples)."""
+    if predicted_ms > 10_000:
+        return 3, 1
+    return max(20, min(200, int(2000 / max(predicted_ms, 1e-3)))), 1 if predicted_ms > 1000 else 3
+
+
 def key_of(e: dict[str, Any]) -> tuple:
     return (e["model"], e["mode"], e["nodes"], e.get("ratio_target"), e.get("codec"), e.get("bandwidth_mbit"),
             e.get("shaping"))
@@ -317,6 +325,17 @@ def task_jobs(models: list[str]) -> list[dict[str, Any]]:
     return jobs
 
 
+def job_key(job: dict[str, Any]) -> tuple:
+    return (job["model"], mode_of(job["r"], job["nodes"]), job["nodes"], None if job["nodes"] == 1 else job["r"],
+            job["codec"], job["bw"], job["shaping"])
+
+
+def only_measured_in(jobs: list[dict[str, Any]], ref: Path) -> list[dict[str, Any]]:
+    """The jobs whose setting ``ref`` measured; every other job becomes predicted-only."""
+    measured = {key_of(e) for e in json.loads(ref.read_text())["entries"] if e.get("latency_ms_median") is not None}
+    return [j if job_key(j) in measured else {**j, "predict_only": True} for j in jobs]
+
+
 class Sweep:
     def __init__(self, out: Path, budget_s: float, quick: bool, fresh: bool, tc: bool) -> None:
         self.out, self.quick, self.fresh = out, quick, fresh
@@ -406,8 +425,7 @@ class Sweep:
                 "messages": pred["messages"]}
 
     def run_job(self, job: dict[str, Any], delay: dict[str, lat.Delay]) -> None:
-        k = (job["model"], mode_of(job["r"], job["nodes"]), job["nodes"],
-             None if job["nodes"] == 1 else job["r"], job["codec"], job["bw"], job["shaping"])
+        k = job_key(job)
         if self.have(k):
             return
         if (job["shaping"] == "tc" and self.tc_error) or job.get("predict_only"):
@@ -415,8 +433,7 @@ class Sweep:
         wait_idle(self.deadline)
         pred = self.predict(job, delay)
         pms = pred["predicted_ms"]
-        long = pms > 10_000
-        iters, warmup = (3, 1) if long else (20, 1 if pms > 1000 else 3)
+        iters, warmup = iterations(pms)
         startup = float(np.median(self.startup_s.get(job["model"], [STARTUP_S.get(job["model"], 5.0)])))
         est = startup + (iters + warmup) * pms / 1e3 * 1.3 + 5
         if est > self.left() - 60:  # keep a minute for the predicted-only entries and the outputs
@@ -472,8 +489,7 @@ class Sweep:
         for job in jobs:
             if job["shaping"] == "tc" and self.tc_error:
                 continue
-            k = (job["model"], mode_of(job["r"], job["nodes"]), job["nodes"],
-                 None if job["nodes"] == 1 else job["r"], job["codec"], job["bw"], job["shaping"])
+            k = job_key(job)
             if self.have(k, measured=False):
                 continue
             if self.left() < 20:
@@ -508,8 +524,8 @@ class Sweep:
             "tc": "ok" if self.tc_error is None else f"not run: {self.tc_error}",
             "tcp_goodput_factor_for_tc": TCP_GOODPUT, "quick": self.quick,
             "notes": NOTES,
-            "iterations": "median of 20 timed inferences after 3 warm-up (1 warm-up above 1 s), 3 timed above "
-                          "10 s predicted",
+            "iterations": "median of the timed inferences after 3 warm-up (1 warm-up above 1 s): 20, or as many "
+                          "as fill 2 s up to 200; 3 timed above 10 s predicted",
         })
         self.save()
         delay = self.calibrate()
@@ -538,6 +554,8 @@ def main() -> None:
                    "stored traces and calibration first")
     p.add_argument("--delay-model", choices=["idle", "loaded"], default=None,
                    help="with --repredict: which per-message delay calibration the model uses")
+    p.add_argument("--keys-from", default=None, help="measure only the settings measured in this JSON (a rerun "
+                   "of an earlier sweep on another host); the others get predictions only")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.single:
@@ -552,6 +570,8 @@ def main() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         sweep = Sweep(out, a.budget_minutes * 60, a.quick, a.fresh, not a.no_tc)
         jobs = task_jobs(models) if set(models) <= set(TASK_MODELS) else job_list(models, a.quick)
+        if a.keys_from:
+            jobs = only_measured_in(jobs, Path(a.keys_from))
         try:
             sweep.run(jobs, models)
         finally:

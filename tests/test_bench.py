@@ -1,5 +1,6 @@
 """bench/: the latency sweep's job lists and calibration helpers (the sweep itself is not run in tests)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -35,3 +36,40 @@ def test_delays_use_the_loaded_calibration_unless_told_otherwise():
     assert d["none"].a == pytest.approx(3e-4) and d["pacing"].a == pytest.approx(5e-4)
     assert d["none"].b == pytest.approx(2e-9)
     assert calibration.delays({**meta, "delay_model": "idle"})["none"].a == pytest.approx(1e-4)
+
+
+def test_iterations_fill_two_seconds_for_fast_runs():
+    assert latency.iterations(2.0) == (200, 3)  # a 2 ms run: as many as the cap allows
+    assert latency.iterations(50.0) == (40, 3)
+    assert latency.iterations(400.0) == (20, 3)
+    assert latency.iterations(2000.0) == (20, 1)
+    assert latency.iterations(20_000.0) == (3, 1)
+
+
+def test_keys_from_measures_only_what_the_reference_measured(tmp_path):
+    jobs = latency.task_jobs(["rrdbnet"])
+    first = next(j for j in jobs if not j.get("predict_only"))
+    e = {"model": first["model"], "mode": latency.mode_of(first["r"], first["nodes"]), "nodes": first["nodes"],
+         "ratio_target": first["r"], "codec": first["codec"], "bandwidth_mbit": first["bw"],
+         "shaping": first["shaping"], "latency_ms_median": 1.0}
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"meta": {}, "entries": [e, {**e, "nodes": 4, "latency_ms_median": None}]}))
+    kept = [j for j in latency.only_measured_in(jobs, ref) if not j.get("predict_only")]
+    assert kept == [first]  # the reference's predicted-only entry (latency_ms_median None) is not measured
+    assert len(latency.only_measured_in(jobs, ref)) == len(jobs)
+
+
+def test_fit_split_puts_every_group_in_both_subsets():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("latency_fit", Path(latency.__file__).with_name("latency_fit.py"))
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    multi = [{"model": m, "nodes": 2, "shaping": s, "r": r} for m in ("a", "b") for r in (0.1, 0.2)
+             for s in ("pacing", None)]
+    multi.sort(key=lambda e: (e["model"], e["r"], str(e["shaping"])))  # plain key order alternates the links
+    calib, held = fit.split(multi)
+    assert len(calib) + len(held) == len(multi)
+    for group in {(e["model"], e["shaping"]) for e in multi}:
+        assert any((e["model"], e["shaping"]) == group for e in calib)
+        assert any((e["model"], e["shaping"]) == group for e in held)

@@ -176,3 +176,11 @@ def test_cli_plan_time_host(capsys) -> None:
     assert h["one_process_ms_here"] > 0 and h["cpu_factor"] == pytest.approx(
         h["one_process_ms_here"] / h["one_process_ms_calibration"], rel=1e-2)
     assert res["single_process"]["ms"] == h["one_process_ms_here"]
+
+
+def test_wake_up_adds_the_wait_for_a_core_only_when_oversubscribed() -> None:
+    cal = planner.Calibration(wake_unshaped_s=2e-4, wake_paced_s=0.0, wake_oversub_s=1e-4)
+    assert cal.wake(False, False) == pytest.approx(2e-4)
+    assert cal.wake(False, True) == pytest.approx(3e-4)
+    assert cal.wake(True, True) == pytest.approx(1e-4)
+    assert cal.wake(True, False) == 0.0
