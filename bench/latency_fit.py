@@ -115,11 +115,13 @@ def split(multi: list[dict]) -> tuple[list[dict], list[dict]]:
     """Calibration and held-out subsets: every other entry in key order within each (model, N, link kind)
     group, so that both subsets see every group (in plain key order a model measured on two links would put
     all of one link in one subset)."""
-    groups: dict[tuple, list[dict]] = {}
+    seen: dict[tuple, int] = {}
+    calib, held = [], []
     for e in multi:
-        groups.setdefault((e["model"], e["nodes"], e["shaping"]), []).append(e)
-    calib = [e for g in groups.values() for e in g[0::2]]
-    return calib, [e for e in multi if e not in calib]
+        g = (e["model"], e["nodes"], e["shaping"])
+        seen[g] = seen.get(g, -1) + 1
+        (held if seen[g] % 2 else calib).append(e)
+    return calib, held
 
 
 def fit_compute(multi: list[dict], feats: dict) -> tuple[np.ndarray, list]:

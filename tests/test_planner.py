@@ -184,3 +184,15 @@ def test_wake_up_adds_the_wait_for_a_core_only_when_oversubscribed() -> None:
     assert cal.wake(False, True) == pytest.approx(3e-4)
     assert cal.wake(True, True) == pytest.approx(1e-4)
     assert cal.wake(True, False) == 0.0
+
+
+def test_default_calibration_is_the_committed_fit() -> None:
+    """Calibration() (used where results/latency_model.json is absent) must not drift from the fit."""
+    path = planner.RESULTS / "latency_model.json"
+    if not path.is_file():
+        pytest.skip("results/latency_model.json is not in this checkout")
+    fitted = json.loads(path.read_text())["calibration"]
+    default = planner.Calibration()
+    for name, value in fitted.items():
+        if isinstance(value, float):
+            assert getattr(default, name) == pytest.approx(value, rel=2e-3), name
