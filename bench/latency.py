@@ -75,6 +75,7 @@ TASK_MODELS = {
 # repetitions of the per-node compute traces (default 15) and the first guess of a run's start-up (default 5 s)
 TRACE_REPS = {"resnet50": 5, "deit_small_patch16_224": 5, "rrdbnet": 2, "deeplabv3plus_resnet50": 2,
               "ssd300_vgg16_split": 2}
+TRACE_WARMUP = 5  # untimed passes per node before its traced ones (2 left a model's first trace up to 1.7x slow)
 STARTUP_S = {"resnet50": 15.0, "deit_small_patch16_224": 15.0, "rrdbnet": 30.0, "deeplabv3plus_resnet50": 30.0,
              "ssd300_vgg16_split": 30.0}
 NOTES = [
@@ -85,6 +86,7 @@ NOTES = [
     "compute per node is measured (per node, alone, 1 thread, zero communication cost) in the benchmark "
     "process right before the runs; the per-message delay is fitted on a gloo ping-pong at the start",
     "'tc' entries: N=2, one network namespace per node, veth pair shaped by tbf on both ends, no pacing",
+    "node processes run with the runtime's defaults, among them --io-nice 19 (gloo's I/O threads at niceness 19)",
 ]
 
 
@@ -231,7 +233,7 @@ class Prepared:
             self.export_dir(r)  # fixes the kept set (a trained checkpoint's, where there is one)
             torch.set_num_threads(1)
             reps = TRACE_REPS.get(self.name, 15)
-            self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=2)
+            self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=TRACE_WARMUP)
             TRACES[tkey] = self.traces[k]
             save_traces()
         return self.traces[k]

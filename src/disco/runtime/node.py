@@ -515,7 +515,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
     import torch.distributed as dist
 
     from .executor import Executor
-    from .transport import DistTransport, LinkModel, PeerError, parse_bandwidth, parse_latency
+    from .transport import DistTransport, LinkModel, PeerError, lower_io_threads, parse_bandwidth, parse_latency
 
     opts = opts or RunOptions()
     ident = Identity.resolve(rank, world, addr, port)
@@ -539,6 +539,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
 
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store.store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=opts.timeout + GLOO_SLACK_S))
+    lower_io_threads(opts.io_nice)
     wd = Watchdog(ident.connect(opts.startup_timeout, opts.timeout), rank, world, opts.timeout)
     wd.start()
     part, plan = state.part, state.plan

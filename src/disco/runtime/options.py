@@ -37,6 +37,8 @@ class RunOptions:
     timeout: float = _opt(20.0, "seconds without a peer's heartbeat (or a reply) before giving up", float)
     startup_timeout: float = _opt(20.0, "seconds for all nodes to join", float)
     threads: int = _opt(1, "torch threads per node", int)
+    io_nice: int = _opt(19, "niceness of gloo's I/O threads, 0 to 19 (0: as the node's own); a high one keeps "
+                        "their polling off the cores the node computes on", int)
     # fault injection (tests, bench/faults.py): rank ``fail_rank`` sends itself ``fail_signal`` (KILL or STOP)
     # after ``fail_after`` inferences (``fail_at="run"``) or streamed inferences (``"stream"``), or at start-up
     # (``"startup"``: right after joining the store)
@@ -106,6 +108,8 @@ class RunOptions:
             v = getattr(self, name)
             if v is not None and v < low:
                 raise RefusedError(f"--{name} must be at least {low}, got {v}")
+        if not 0 <= self.io_nice <= 19:
+            raise RefusedError(f"--io-nice must be between 0 and 19, got {self.io_nice}")
         for name in ("timeout", "startup_timeout"):
             v = getattr(self, name)
             if not v > 0:

@@ -136,6 +136,35 @@ class LinkModel:
 
 # ---- transports -------------------------------------------------------------------------------
 
+IO_THREAD_PREFIX = "gloo"  # gloo names its event-loop threads gloo_tcp_loop
+
+
+def lower_io_threads(nice: int) -> list[int]:
+    """Give this process's gloo I/O threads the niceness ``nice`` (Linux; elsewhere nothing); returns their ids.
+
+    gloo's event loop polls a connection's socket while the main thread holds that connection's lock (it tries
+    the lock, fails, and polls again), so at equal priority it takes a core away from the node's compute and,
+    on a host with fewer cores than threads, from the peer's; a node then stalls in ``isend`` for a scheduler
+    slice. At a high niceness the loop still runs whenever a core is free (while the node waits for a message),
+    which is when it is needed. Raising one's own threads' niceness needs no privilege."""
+    import os
+
+    if nice <= 0 or not os.path.isdir("/proc/self/task"):
+        return []
+    done = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith(IO_THREAD_PREFIX):
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                done.append(int(tid))
+        except OSError as e:  # the thread ended, or the system refused: the run works either way
+            log.debug("cannot lower thread %s: %s", tid, e)
+    log.debug("gloo I/O threads %s at niceness %d", done, nice)
+    return done
+
+
 def gloo_reason(e: BaseException) -> str:
     """gloo's error in a few words: its first line without the source location and the advice."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
