@@ -9,8 +9,8 @@ benchmark's: random init, seed 0, one-shot global magnitude selection; the CIFAR
 used a trained checkpoint get the magnitude set at the same r instead, and say so) and the node
 programs of :func:`disco.planner.programs` (compute segments as FLOPs / ops / messages / bytes).
 
-Two fits, on a calibration subset (every other entry in key order within each model, N and link kind;
-the rest is held out):
+Two fits, on a calibration subset (a checkerboard over ratio, codec and bandwidth within each model, N
+and link kind; the rest is held out):
 
 1. **compute**: each node's measured compute (``compute_ms_per_node``: its plan alone, 1 thread,
    no communication) = flop_s * FLOPs + op_s * ops + msg_s * messages + byte_s * bytes.
@@ -112,15 +112,25 @@ def pingpong(meta: dict) -> dict[str, list[float]]:
 
 
 def split(multi: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Calibration and held-out subsets: every other entry in key order within each (model, N, link kind)
-    group, so that both subsets see every group (in plain key order a model measured on two links would put
-    all of one link in one subset)."""
-    seen: dict[tuple, int] = {}
-    calib, held = [], []
+    """Calibration and held-out subsets, a checkerboard within each (model, N, link kind) group: an entry is
+    in the calibration subset when the ranks of its ratio, codec and bandwidth within the group add up to an
+    even number. Both subsets see every group, every codec and every ratio of it (every other entry in key
+    order put all fp16 entries of a group in one subset and all fp32 ones in the other, as the two codecs
+    alternate in key order, so the calibration never saw the larger messages of a setting)."""
+    def axis(e: dict) -> tuple:
+        return (e.get("ratio_target", e.get("r")), str(e.get("codec")), e.get("bandwidth_mbit") or 0)
+
+    groups: dict[tuple, list[dict]] = {}
     for e in multi:
-        g = (e["model"], e["nodes"], e["shaping"])
-        seen[g] = seen.get(g, -1) + 1
-        (held if seen[g] % 2 else calib).append(e)
+        groups.setdefault((e["model"], e["nodes"], e["shaping"]), []).append(e)
+    rank: dict[int, int] = {}
+    for es in groups.values():
+        for i in range(3):
+            values = sorted({axis(e)[i] for e in es}, key=str)
+            for e in es:
+                rank[id(e)] = rank.get(id(e), 0) + values.index(axis(e)[i])
+    calib = [e for e in multi if rank[id(e)] % 2 == 0]
+    held = [e for e in multi if rank[id(e)] % 2]
     return calib, held
 
 
@@ -193,7 +203,10 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
     and (unshaped) the useful share of the cores when 4 node processes share 2. A coarse grid with the
     delay of the loaded ping-pong (``meta.delay_loaded*``) first, then coordinate descent over ``FINE``
     with the delay free: the ping-pong, one message at a time beside a synthetic load, is a noisy
-    estimate of the delay inside a run (its one-way times are not even monotone in the size). The
+    estimate of the delay inside a run (its one-way times are not even monotone in the size). Its slope,
+    what a byte costs to copy through loopback, bounds the per-byte delay at twice its value: a steeper
+    slope fitted on small messages (CIFAR's 32 KB) would charge the megabyte messages of resnet50 for what is
+    a per-message cost (resnet50 dense N=2 measures the same at fp16 and fp32). The
     objective is the number of entries within 1.25x, ties broken by the mean squared log-error.
     tc entries (no pacing, gloo through a veth) take the unshaped delay and nothing else."""
     d, dp = meta["delay_loaded"], meta["delay_loaded_paced"]
@@ -219,10 +232,13 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
         best_score, best = min(scores)
         best = {k: base[k] for k in FINE[kind]} | dict(best)
         print(f"{kind} grid: {-best_score[0]} of {len(es)} calibration entries within 1.25x", flush=True)
+        bmax = 2 * (d if kind == "unshaped" else dp)["b_s_per_byte"]  # the per-byte delay: at most 2x the ping-pong's
         for _ in range(8):  # coordinate descent until no parameter moves
             moved = False
             for name, values in FINE[kind].items():
                 for v in values:
+                    if name in ("delay_b", "delay_paced_b") and v > bmax:
+                        continue
                     trial = best | {name: v}
                     sc = score(trial)
                     if sc < best_score:
@@ -262,23 +278,64 @@ def _pingpong(out: dict) -> str:
             f"{pp['paced'][1] * 1e9:.2f} ns/B")
 
 
+def _probe() -> str:
+    """What bench/exchange_probe.py measured (results/exchange_probe.json), CIFAR ResNet-20 dense N=2."""
+    f = ROOT / "results" / "exchange_probe.json"
+    if not f.is_file():
+        return "(results/exchange_probe.json is not there yet.)"
+    rows = {(r["ratio_target"], r["io_nice"]): r["ranks"][0] for r in json.loads(f.read_text())["entries"]}
+    parts = []
+    for nice in (0, 19):
+        r = rows.get((1.0, nice))
+        if r is None:
+            continue
+        loop = sum(v for k, v in r["thread_cpu_s"].items() if k.startswith("gloo"))
+        parts.append(f"at niceness {nice} the leader's gloo I/O thread used {loop:.2f} s of CPU in a "
+                     f"{r['wall_s']:.2f} s dense CIFAR ResNet-20 N=2 run (its main thread "
+                     f"{r['thread_cpu_s'].get('python', float('nan')):.2f} s), an `isend` blocked "
+                     f"{r['isend_ms']['median']:.2f} ms at the median and {r['isend_ms']['p90']:.2f} ms at the "
+                     f"90th percentile, and the main thread's CPU per inference was "
+                     f"{r['main_cpu_ms_per_inference']:.2f} ms against "
+                     f"{r['main_cpu_ms_per_inference_zero_cost_transport']:.2f} ms with a zero-cost transport")
+    return ("Measured: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _io_nice() -> str:
+    """The runtime change of 2026-12-04 and what it measured (results/io_nice.json of bench/io_nice.py)."""
+    f = ROOT / "results" / "io_nice.json"
+    if not f.is_file():
+        return "bench/io_nice.py measures it (results/io_nice.json is not there yet)."
+    rows = json.loads(f.read_text())["entries"]
+    return "Measured with `bench/io_nice.py` (results/io_nice.json), median of alternating runs, loopback: " + \
+        "; ".join(f"{r['model']} N={r['nodes']} r={r['ratio_target']:g} {r['median_ms']['0']:.1f} -> "
+                  f"{r['median_ms']['19']:.1f} ms" for r in rows) + "."
+
+
 def page(out: dict) -> str:
     """docs/latency-model.md from results/latency_model.json."""
     c = out["calibration"]
     L = ["# The latency model: calibration and how far to trust it", "",
          "Generated by `bench/latency_fit.py` from `results/latency_model.json` (which it fits on "
          "`results/latency.json`); do not edit by hand.", "",
-         "## Why the old model missed", "",
-         "The old model replayed per-node traces with a per-message CPU overhead of 1 ms after every received "
-         "message on unshaped links, calibrated on one run (resnet50 dense N=2 loopback), "
-         "and none on paced links. That overhead is not a fixed CPU cost per message: at N=4 on the 2-core host "
-         "the four processes share the cores, so a CPU cost per message was paid twice over (predictions too "
-         f"high at unshaped N=4: old / measured {_old_ratios(out['entries'], True)}), while paced links at "
-         "1 Gbit/s, where the wire is fast, paid none (predictions too low: measured / old "
-         f"{_old_ratios(out['entries'], False)}). What the measurements show instead: a node that blocks on a message "
-         "that has not arrived pays a wake-up (process and gloo thread) once per blocking wait, not per "
-         "message; a message already there costs little; the loopback copy costs CPU per byte; and four "
-         "processes on two cores do less useful work than two (context switches).", "",
+         "## The sweep's first-order model", "",
+         "`bench/latency.py` predicts each entry as it measures it (the `old_predicted_ms` of the entries "
+         "below): it replays the per-node traces with one per-message CPU overhead after every received message "
+         "on unshaped links, calibrated on one run (resnet50 dense N=2 loopback), none on paced links, and the "
+         "ping-pong's delay. One overhead per message cannot serve both ends of the sweep: on unshaped N=4 its "
+         f"prediction / measured is {_old_ratios(out['entries'], True)}; on paced 1 Gbit/s measured / prediction "
+         f"is {_old_ratios(out['entries'], False)}. The fitted model below separates what the measurements "
+         "show: a node that blocks on a message that has not arrived pays a wake-up (process and gloo thread) "
+         "once per blocking wait, not per message; a message already there costs little; a received byte costs "
+         "CPU (the loopback copy); and the cores' useful share while more node processes compute than there "
+         "are cores is a fitted term (below).", "",
+         "## The runtime's part", "",
+         "Timestamps inside the node processes (each send and wait, and each thread's CPU time; "
+         f"`bench/exchange_probe.py`) showed where an unshaped exchange round went. {_probe()} gloo's event "
+         "loop (one I/O thread per process) polls a connection while the main thread holds that connection's "
+         "lock; at equal priority it takes the cores from the node processes and stalls the peer's sends for "
+         "up to a scheduler slice. The runtime now runs gloo's I/O threads at niceness 19 (`disco run "
+         "--io-nice`, default 19; they still run whenever a core is free, which is when a node waits for a "
+         f"message). {_io_nice()} The sweep in results/latency.json was measured with it.", "",
          "## The model now (`disco.planner`, `disco.runtime.latency.replay`)", "",
          "- compute per node, from the cost model: "
          f"{c['flop_s'] * 1e12:.2f} ps per FLOP, {c['op_s'] * 1e6:.1f} us per op, {c['msg_s'] * 1e6:.1f} us per "
@@ -296,7 +353,7 @@ def page(out: dict) -> str:
          f"a blocked node's extra wake-up while node processes outnumber the cores (it waits for one): "
          f"{c.get('wake_oversub_s', 0.0) * 1e6:.0f} us",
          "", "## Measured against predicted", "",
-         "Calibration subset: every other measured entry in key order within each model, N and link kind "
+         "Calibration subset: a checkerboard over ratio, codec and bandwidth within each model, N and link kind "
          "(unshaped, paced, tc); the rest is held out. 'link model' "
          "uses each node's measured compute (what the link model alone predicts); 'planner' predicts the "
          "compute too (what `disco plan` does).", "",

@@ -73,3 +73,11 @@ def test_fit_split_puts_every_group_in_both_subsets():
     for group in {(e["model"], e["shaping"]) for e in multi}:
         assert any((e["model"], e["shaping"]) == group for e in calib)
         assert any((e["model"], e["shaping"]) == group for e in held)
+    # two codecs at every ratio: both subsets see both codecs and every ratio (a checkerboard, not codec by codec)
+    multi = [{"model": "m", "nodes": 2, "shaping": None, "ratio_target": r, "codec": c, "bandwidth_mbit": None}
+             for r in (0.0, 0.05, 0.1, 1.0) for c in ("fp16", "fp32")]
+    calib, held = fit.split(multi)
+    for sub in (calib, held):
+        assert {e["codec"] for e in sub} == {"fp16", "fp32"}
+        assert {e["ratio_target"] for e in sub} == {0.0, 0.05, 0.1, 1.0}
+    assert sorted(map(id, calib + held)) == sorted(map(id, multi))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from disco.runtime.errors import EXIT_FAILED, EXIT_REFUSED, Interrupted, RefusedError, RunFailure, exit_code
@@ -9,12 +11,12 @@ from disco.runtime.export import ShardError
 from disco.runtime.launch import LaunchError, failure_message, node_command, node_reason
 from disco.runtime.node import build_parser
 from disco.runtime.options import RunOptions, run_options
-from disco.runtime.transport import PeerError
+from disco.runtime.transport import PeerError, lower_io_threads
 
 
 def test_options_travel_to_the_node_program_unchanged() -> None:
     o = RunOptions(codec="fp16", bandwidth="100mbit", latency="2ms", limit=7, warmup=0, iters=5, stream=2,
-                   timeout=4.5, startup_timeout=6.0, threads=2, fail_rank=1, fail_signal="STOP")
+                   timeout=4.5, startup_timeout=6.0, threads=2, io_nice=5, fail_rank=1, fail_signal="STOP")
     cmd = node_command("d", 1, 2, 1234, o, result="/tmp/r.json")
     args = build_parser().parse_args(cmd[3:])
     assert RunOptions.from_args(args) == o
@@ -31,7 +33,9 @@ def test_flag_lists_are_still_accepted_and_unknown_flags_refused() -> None:
 @pytest.mark.parametrize("kw, match", [({"codec": "fp8"}, "unknown codec 'fp8'"),
                                        ({"bandwidth": "fast"}, "cannot parse bandwidth"),
                                        ({"iters": 0}, "--iters must be at least 1"),
-                                       ({"timeout": 0.0}, "--timeout must be a positive")])
+                                       ({"timeout": 0.0}, "--timeout must be a positive"),
+                                       ({"io_nice": 20}, "--io-nice must be between 0 and 19"),
+                                       ({"io_nice": -1}, "--io-nice must be between 0 and 19")])
 def test_bad_values_refused_before_start(kw: dict, match: str) -> None:
     with pytest.raises(RefusedError, match=match):
         RunOptions(**kw).check()
@@ -116,3 +120,36 @@ def test_store_listens_only_on_the_given_address() -> None:
            if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port:04X}")] \
         if Path("/proc/net/tcp6").exists() else []
     assert listening == [f"0100007F:{port:04X}"] and six == []  # 127.0.0.1 only, not 0.0.0.0 or ::
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and niceness through /proc (Linux)")
+def test_io_threads_lowered_and_nothing_else() -> None:
+    """lower_io_threads finds gloo's I/O threads by their OS name and raises only their niceness."""
+    import ctypes
+    import os
+    import threading
+
+    ready, stop, tids = threading.Event(), threading.Event(), {}
+
+    def named(name: bytes) -> None:  # an OS thread named like gloo's event loop (prctl PR_SET_NAME)
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)
+        tids[name] = threading.get_native_id()
+        if len(tids) == 2:
+            ready.set()
+        stop.wait(10)
+
+    threads = [threading.Thread(target=named, args=(n,), daemon=True) for n in (b"gloo_tcp_loop", b"other")]
+    for t in threads:
+        t.start()
+    try:
+        assert ready.wait(5)
+        before = os.getpriority(os.PRIO_PROCESS, tids[b"other"])
+        assert lower_io_threads(0) == []  # 0: leave them alone
+        assert tids[b"gloo_tcp_loop"] in lower_io_threads(19)  # (and any real gloo thread of this process)
+        assert os.getpriority(os.PRIO_PROCESS, tids[b"gloo_tcp_loop"]) == 19
+        assert os.getpriority(os.PRIO_PROCESS, tids[b"other"]) == before
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # the caller's own
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
