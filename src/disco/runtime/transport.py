@@ -156,8 +156,8 @@ def lower_io_threads(nice: int) -> list[int]:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
-            if name.startswith(IO_THREAD_PREFIX):
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            if name.startswith(IO_THREAD_PREFIX):  # never below its niceness now (that would need privilege)
+                os.setpriority(os.PRIO_PROCESS, int(tid), max(nice, os.getpriority(os.PRIO_PROCESS, int(tid))))
                 done.append(int(tid))
         except OSError as e:  # the thread ended, or the system refused: the run works either way
             log.debug("cannot lower thread %s: %s", tid, e)
