@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from datetime import timedelta
@@ -129,14 +128,10 @@ def node(rank: int, port: int, ratio: float, nice: int, q: object) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     import torch.multiprocessing as mp
+
+    from disco.runtime.launch import free_port
 
     ctx = mp.get_context("spawn")
     rows = []

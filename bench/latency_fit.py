@@ -166,14 +166,10 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
     bw = None if e["bandwidth_mbit"] is None else e["bandwidth_mbit"] * 1e6
     if bw is not None and e["shaping"] == "tc":
         bw *= TCP_GOODPUT
-    link = LinkModel(bw, 0.0)
     if e["shaping"] == "tc":  # kernel shaping, no pacing: the ping-pong's delay, nothing else (as before)
-        return lat.replay(progs, link, CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0, cal.oversub) * 1e3
-    if e["shaping"] == "pacing":
-        progs = planner.with_overheads(progs, cal.overhead_paced_s, cal.overhead_paced_byte_s)
-        return lat.replay(progs, link, CORES, cal.delay(True), cal.wake(True, len(progs) > CORES), cal.oversub) * 1e3
-    progs = planner.with_overheads(progs, cal.overhead_unshaped_s, cal.overhead_unshaped_byte_s)
-    return lat.replay(progs, link, CORES, cal.delay(False), cal.wake(False, len(progs) > CORES), cal.oversub) * 1e3
+        return lat.replay(progs, LinkModel(bw, 0.0), CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0,
+                          cal.oversub) * 1e3
+    return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
 
 
 def err(es: list[dict], feats: dict, cal: planner.Calibration, measured_compute: bool) -> np.ndarray:

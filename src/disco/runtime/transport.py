@@ -12,6 +12,7 @@ at its modelled arrival time, and the receiver holds it until its downlink would
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
 import threading
@@ -140,15 +141,15 @@ IO_THREAD_PREFIX = "gloo"  # gloo names its event-loop threads gloo_tcp_loop
 
 
 def lower_io_threads(nice: int) -> list[int]:
-    """Give this process's gloo I/O threads the niceness ``nice`` (Linux; elsewhere nothing); returns their ids.
+    """Give this process's gloo I/O threads at least the niceness ``nice`` (Linux; elsewhere nothing); returns
+    their ids.
 
     gloo's event loop polls a connection's socket while the main thread holds that connection's lock (it tries
     the lock, fails, and polls again), so at equal priority it takes a core away from the node's compute and,
     on a host with fewer cores than threads, from the peer's; a node then stalls in ``isend`` for a scheduler
     slice. At a high niceness the loop still runs whenever a core is free (while the node waits for a message),
-    which is when it is needed. Raising one's own threads' niceness needs no privilege."""
-    import os
-
+    which is when it is needed. Raising one's own threads' niceness needs no privilege; a thread already
+    nicer keeps its niceness (lowering it would need privilege)."""
     if nice <= 0 or not os.path.isdir("/proc/self/task"):
         return []
     done = []
@@ -156,7 +157,7 @@ def lower_io_threads(nice: int) -> list[int]:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
-            if name.startswith(IO_THREAD_PREFIX):  # never below its niceness now (that would need privilege)
+            if name.startswith(IO_THREAD_PREFIX):
                 os.setpriority(os.PRIO_PROCESS, int(tid), max(nice, os.getpriority(os.PRIO_PROCESS, int(tid))))
                 done.append(int(tid))
         except OSError as e:  # the thread ended, or the system refused: the run works either way
