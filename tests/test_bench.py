@@ -81,3 +81,18 @@ def test_fit_split_puts_every_group_in_both_subsets():
         assert {e["codec"] for e in sub} == {"fp16", "fp32"}
         assert {e["ratio_target"] for e in sub} == {0.0, 0.05, 0.1, 1.0}
     assert sorted(map(id, calib + held)) == sorted(map(id, multi))
+
+
+def test_ms_scale_runs_are_split_over_launches_and_pooled():
+    assert latency.launches(2.0, 200) == (latency.LAUNCHES, 67)
+    assert latency.launches(50.0, 40) == (latency.LAUNCHES, 20)  # at least 20 per launch
+    assert latency.launches(400.0, 20) == (1, 20)
+    rep = {"bytes_sent_total": 10, "peak_rss_mb_per_node": [5.0, 6.0], "max_rel_err_vs_single_process": 1e-7}
+    pooled = latency.pool([{**rep, "latency_ms_all": [1.0, 1.0, 1.0], "latency_ms_median": 1.0},
+                           {**rep, "latency_ms_all": [3.0, 3.0], "latency_ms_median": 3.0,
+                            "peak_rss_mb_per_node": [7.0, 2.0], "max_rel_err_vs_single_process": 2e-7}])
+    assert pooled["latency_ms_median"] == 1.0 and pooled["latency_ms_launch_medians"] == [1.0, 3.0]
+    assert pooled["peak_rss_mb_per_node"] == [7.0, 6.0] and pooled["max_rel_err_vs_single_process"] == 2e-7
+    with pytest.raises(latency.LaunchError, match="bytes"):
+        latency.pool([{**rep, "latency_ms_all": [1.0], "latency_ms_median": 1.0},
+                      {**rep, "bytes_sent_total": 11, "latency_ms_all": [1.0], "latency_ms_median": 1.0}])

@@ -44,23 +44,23 @@ class Calibration:
     """The latency model's parameters (see ``bench/latency_fit.py``)."""
 
     flop_s: float = 1.388e-11  # seconds per FLOP on one core (1 torch thread)
-    op_s: float = 1.936e-5  # fixed cost of one op on one node (Python, dispatch)
-    msg_s: float = 2.916e-5  # fixed CPU cost of one message on its sender (index_select, encode)
+    op_s: float = 1.936e-05  # fixed cost of one op on one node (Python, dispatch)
+    msg_s: float = 2.916e-05  # fixed CPU cost of one message on its sender (index_select, encode)
     byte_s: float = 8.159e-10  # CPU cost per payload byte (gather, cast, copy) on the sender
-    delay_a: float = 0.0002  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
-    delay_b: float = 1.5e-9
+    delay_a: float = 0.0004  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
+    delay_b: float = 1.5e-09
     delay_paced_a: float = 0.0004  # ... and through the pacing thread
-    delay_paced_b: float = 1e-9
-    delay_tc_a: float = 0.0002  # kernel-shaped links (tc), benchmark entries only
-    delay_tc_b: float = 1.5e-9
-    overhead_unshaped_s: float = 0.0002  # CPU time after each received message, unshaped links
+    delay_paced_b: float = 1e-09
+    delay_tc_a: float = 0.0004  # kernel-shaped links (tc), benchmark entries only
+    delay_tc_b: float = 1.5e-09
+    overhead_unshaped_s: float = 0.0001  # CPU time after each received message, unshaped links
     overhead_paced_s: float = 0.0002  # ... and paced ones (pacing thread hand-off)
-    overhead_unshaped_byte_s: float = 1.5e-9  # ... plus this per received byte (unshaped)
+    overhead_unshaped_byte_s: float = 1.5e-09  # ... plus this per received byte (unshaped)
     overhead_paced_byte_s: float = 5e-10  # ... (paced)
-    wake_unshaped_s: float = 0.0003  # wake-up of a node blocked on a message that had not arrived (unshaped)
+    wake_unshaped_s: float = 0.0002  # wake-up of a node blocked on a message that had not arrived (unshaped)
     wake_paced_s: float = 0  # ... (paced)
-    oversub: float = 1.0  # useful share of the cores while more node processes compute than there are cores
-    wake_oversub_s: float = 0  # extra wake-up while node processes outnumber the cores (waiting for a core)
+    oversub: float = 0.9  # useful share of the cores while more node processes compute than there are cores
+    wake_oversub_s: float = 0.0001  # extra wake-up while node processes outnumber the cores (waiting for a core)
     single_process: dict[str, float] = field(default_factory=dict)  # model -> measured one-process ms
     single_process_source: str = "results/latency.json"
     # codec -> seconds per value that encoding (sender) and decoding (receiver) cost beyond fp32's
