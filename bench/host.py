@@ -43,3 +43,37 @@ def wait_idle(deadline: float) -> None:
             print(f"waiting for other jobs to finish: {jobs}", flush=True)
             said = True
         time.sleep(10)
+
+
+PROBE_SHAPES = ((1, 64, 56, 56), (64, 64, 3, 3))  # one 3x3 convolution of a ResNet stage: ~0.23 GFLOP
+
+
+def speed_probe_ms(reps: int = 21) -> float:
+    """The host's compute speed now: median ms of one fixed 3x3 convolution on 1 thread (about 2.5 ms each, 21 times).
+
+    The latency sweep takes it when it traces a node's compute and before and after each run; a run whose
+    probe moved from the trace's was measured on a host of another speed than its prediction assumed."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(s, generator=g) for s in PROBE_SHAPES)
+    ts = []
+    with torch.no_grad():
+        torch.nn.functional.conv2d(x, w, padding=1)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.nn.functional.conv2d(x, w, padding=1)
+            ts.append(time.perf_counter() - t0)
+    torch.set_num_threads(threads)
+    return sorted(ts)[reps // 2] * 1e3
+
+
+def drift(trace_ms: float | None, before_ms: float, after_ms: float) -> float:
+    """How far the host's speed around a run moved from its speed when the run's compute was traced: the
+    larger of the two probe ratios' distance from 1, as a ratio >= 1 (1.0 when the trace has no probe)."""
+    if not trace_ms:
+        return 1.0
+    return max(max(t / trace_ms, trace_ms / t) for t in (before_ms, after_ms))
+

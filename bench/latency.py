@@ -49,7 +49,7 @@ from calibration import (
     repredict,
     save_traces,
 )
-from host import host_state, wait_idle
+from host import drift, host_state, speed_probe_ms, wait_idle
 from netns import launch_tc, netns_check, netns_cleanup
 
 from disco.runtime import latency as lat
@@ -108,6 +108,8 @@ LAUNCH_BELOW_MS = 100.0  # runs predicted faster than this are measured over LAU
 
 
 LAUNCHES = 3
+
+DRIFT = 1.10  # a run is re-traced and measured again once when the host's speed probe moved more than this
 
 
 def launches(predicted_ms: float, timed: int) -> tuple[int, int]:
@@ -217,6 +219,7 @@ class Prepared:
         self.kept: dict[float, np.ndarray] = {}
         self.source: dict[float, str] = {}
         self.traces: dict[tuple, list] = {}
+        self.probe: dict[tuple, float] = {}  # host speed probe (ms) when each trace was taken in this process
 
     def kept_at(self, r: float) -> np.ndarray:
         from disco.sparsify import select_links
@@ -266,10 +269,17 @@ class Prepared:
             self.export_dir(r)  # fixes the kept set (a trained checkpoint's, where there is one)
             torch.set_num_threads(1)
             reps = TRACE_REPS.get(self.name, 15)
+            self.probe[k] = speed_probe_ms()
             self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=TRACE_WARMUP)
             TRACES[tkey] = self.traces[k]
             save_traces()
         return self.traces[k]
+
+    def retrace(self, r: float, codec: str) -> list:
+        """Trace again (the host's speed moved since the trace was taken)."""
+        self.traces.pop((r, codec), None)
+        TRACES.pop(f"{self.name}|{self.n}|{r:g}|{codec}", None)
+        return self.trace(r, codec)
 
     def ratio(self, r: float) -> float | None:
         return None if self.n == 1 else round(float(self.part.ratio(self.kept_at(r))), 4)
@@ -482,14 +492,26 @@ class Sweep:
         t0 = time.monotonic()
         if job["shaping"] != "tc" and job["bw"] is not None:
             opts += ["--bandwidth", f"{job['bw']:g}mbit"]
+        prep = self.prep(job["model"], job["nodes"])
         try:
-            reps = []
-            for _ in range(n_launch):
-                if job["shaping"] == "tc":
-                    reps.append(launch_tc(d, job["bw"], opts, timeout=est * 3 + 120))
-                else:
-                    reps.append(launch(d, job["nodes"], opts, timeout=est * 3 + 120))
-            rep = pool(reps)
+            for attempt in range(2):  # once more, re-traced, when the host's speed moved since the trace
+                before = speed_probe_ms()
+                reps = []
+                for _ in range(n_launch):
+                    if job["shaping"] == "tc":
+                        reps.append(launch_tc(d, job["bw"], opts, timeout=est * 3 + 120))
+                    else:
+                        reps.append(launch(d, job["nodes"], opts, timeout=est * 3 + 120))
+                rep, after = pool(reps), speed_probe_ms()
+                probe = {"trace": prep.probe.get((job["r"], job["codec"])), "before": before, "after": after}
+                dr = drift(probe["trace"], before, after)
+                if dr <= DRIFT or attempt:
+                    break
+                print(f"host speed moved {dr:.2f}x since the trace (probe {probe}): re-trace and measure "
+                      f"{k} again", flush=True)
+                prep.retrace(job["r"], job["codec"])
+                pred = self.predict(job, delay)
+                pms = pred["predicted_ms"]
         except (LaunchError, subprocess.CalledProcessError, OSError) as ex:
             print(f"FAILED {k}: {ex}", flush=True)
             e = self.entry(job, pred)
@@ -504,6 +526,8 @@ class Sweep:
         e.update({"latency_ms_median": rep["latency_ms_median"], "latency_ms_p10": float(np.percentile(ms, 10)),
                   "latency_ms_p90": float(np.percentile(ms, 90)), "n_timed": len(ms), "warmup": warmup,
                   "launches": n_launch, "latency_ms_launch_medians": rep["latency_ms_launch_medians"],
+                  "host_probe_ms": {t: None if v is None else round(v, 3) for t, v in probe.items()},
+                  "host_drift": round(dr, 3), "retraced": bool(attempt),
                   "measured_over_predicted": round(rep["latency_ms_median"] / pms, 3),
                   "bytes_sent_total": rep["bytes_sent_total"], "bytes_predicted": rep["bytes_predicted"],
                   "bytes_input_output": rep["bytes_input_output"],

@@ -96,3 +96,12 @@ def test_ms_scale_runs_are_split_over_launches_and_pooled():
     with pytest.raises(latency.LaunchError, match="bytes"):
         latency.pool([{**rep, "latency_ms_all": [1.0], "latency_ms_median": 1.0},
                       {**rep, "bytes_sent_total": 11, "latency_ms_all": [1.0], "latency_ms_median": 1.0}])
+
+
+def test_host_drift_is_the_probes_largest_move_from_the_trace():
+    import host
+
+    assert host.drift(None, 5.0, 9.0) == 1.0  # a trace from the cache has no probe
+    assert host.drift(5.0, 5.0, 5.5) == pytest.approx(1.1)
+    assert host.drift(5.0, 4.0, 5.0) == pytest.approx(1.25)  # faster counts as much as slower
+    assert host.speed_probe_ms(reps=3) > 0
