@@ -261,9 +261,13 @@ class Prepared:
         self.dirs[r] = d
         return d
 
+    def tkey(self, r: float, codec: str) -> str:
+        """The key of (r, codec)'s trace in the trace cache (calibration.TRACES)."""
+        return f"{self.name}|{self.n}|{r:g}|{codec}"
+
     def trace(self, r: float, codec: str) -> list:
         k = (r, codec)
-        tkey = f"{self.name}|{self.n}|{r:g}|{codec}"
+        tkey = self.tkey(r, codec)
         if k not in self.traces and tkey in TRACES:
             self.export_dir(r)
             self.traces[k] = TRACES[tkey]
@@ -280,7 +284,7 @@ class Prepared:
     def retrace(self, r: float, codec: str) -> list:
         """Trace again (the host's speed moved since the trace was taken)."""
         self.traces.pop((r, codec), None)
-        TRACES.pop(f"{self.name}|{self.n}|{r:g}|{codec}", None)
+        TRACES.pop(self.tkey(r, codec), None)
         return self.trace(r, codec)
 
     def ratio(self, r: float) -> float | None:
@@ -487,16 +491,16 @@ class Sweep:
         if est > self.left() - 60:  # keep a minute for the predicted-only entries and the outputs
             print(f"skip (budget): {k} needs ~{est:.0f} s, {self.left():.0f} s left", flush=True)
             return
-        d = self.prep(job["model"], job["nodes"]).export_dir(job["r"])
+        prep = self.prep(job["model"], job["nodes"])
+        d = prep.export_dir(job["r"])
         wait_idle(self.deadline)
         opts = ["--codec", job["codec"], "--iters", str(iters), "--warmup", str(warmup), "--timeout", "120",
                 "--startup-timeout", "60", "--threads", "1"]
-        t0 = time.monotonic()
         if job["shaping"] != "tc" and job["bw"] is not None:
             opts += ["--bandwidth", f"{job['bw']:g}mbit"]
-        prep = self.prep(job["model"], job["nodes"])
         try:
             for attempt in range(2):  # once more, re-traced, when the host's speed moved since the trace
+                t0 = time.monotonic()  # the startup estimate below counts the last attempt only
                 before = speed_probe_ms()
                 reps = []
                 for _ in range(n_launch):

@@ -332,9 +332,9 @@ def _slow_host() -> list[str]:
         return []
     base = {key(e): e["latency_ms_median"] for e in json.loads((ROOT / "results" / "latency.json").read_text())
             ["entries"] if e.get("latency_ms_median") and e["nodes"] > 1}
-    rerun = [e for e in json.loads(f.read_text())["entries"] if e.get("latency_ms_median") and key(e) in base]
-    single = {e["model"]: e["latency_ms_median"] for e in json.loads(f.read_text())["entries"]
-              if e.get("latency_ms_median") and e["mode"] == "single"}
+    measured = [e for e in json.loads(f.read_text())["entries"] if e.get("latency_ms_median")]
+    rerun = [e for e in measured if key(e) in base]
+    single = {e["model"]: e["latency_ms_median"] for e in measured if e["mode"] == "single"}
 
     def stats(rows: list[dict]) -> str:
         r = sorted(e["latency_ms_median"] / base[key(e)] for e in rows)
@@ -342,8 +342,7 @@ def _slow_host() -> list[str]:
 
     link = [e for e in rerun if e["bandwidth_mbit"] in (10, 100)]
     comp = [e for e in rerun if e["bandwidth_mbit"] not in (10, 100)]
-    n1 = [e for e in json.loads(f.read_text())["entries"] if e["nodes"] == 1 and e["mode"] == "dense"
-          and e.get("latency_ms_median") and e["model"] in single]
+    n1 = [e for e in measured if e["nodes"] == 1 and e["mode"] == "dense" and e["model"] in single]
     spread = sorted(max(e["latency_ms_launch_medians"]) / min(e["latency_ms_launch_medians"]) for e in rerun
                     if len(e.get("latency_ms_launch_medians") or []) > 1)
     L = ["", "## A rerun on a host whose speed drifted", "",
