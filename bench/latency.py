@@ -49,7 +49,7 @@ from calibration import (
     repredict,
     save_traces,
 )
-from host import drift, host_state, speed_probe_ms, wait_idle
+from host import DRIFT, drift, host_state, speed_probe_ms, wait_idle
 from netns import launch_tc, netns_check, netns_cleanup
 
 from disco.runtime import latency as lat
@@ -108,10 +108,6 @@ LAUNCH_BELOW_MS = 100.0  # runs predicted faster than this are measured over LAU
 
 
 LAUNCHES = 3
-
-# a run is re-traced and measured again once when the host's speed probe moved more than this from the
-# trace's; on an idle host the probe alone spans 2.09-2.68 ms (a CIFAR sweep of 50 runs, 2026-12-04)
-DRIFT = 1.20
 
 
 def launches(predicted_ms: float, timed: int) -> tuple[int, int]:
@@ -376,9 +372,15 @@ def task_jobs(models: list[str]) -> list[dict[str, Any]]:
     return jobs
 
 
+def job_fields(job: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a job's entry that identify it (``key_of`` reads them)."""
+    return {"model": job["model"], "mode": mode_of(job["r"], job["nodes"]), "nodes": job["nodes"],
+            "ratio_target": None if job["nodes"] == 1 else job["r"], "codec": job["codec"],
+            "bandwidth_mbit": job["bw"], "shaping": job["shaping"]}
+
+
 def job_key(job: dict[str, Any]) -> tuple:
-    return (job["model"], mode_of(job["r"], job["nodes"]), job["nodes"], None if job["nodes"] == 1 else job["r"],
-            job["codec"], job["bw"], job["shaping"])
+    return key_of(job_fields(job))
 
 
 def only_measured_in(jobs: list[dict[str, Any]], ref: Path) -> list[dict[str, Any]]:
@@ -466,10 +468,8 @@ class Sweep:
 
     def entry(self, job: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
         p = self.prep(job["model"], job["nodes"])
-        return {"model": job["model"], "input_shape": list(SHAPES[job["model"]]),
-                "mode": mode_of(job["r"], job["nodes"]), "nodes": job["nodes"], "ratio": p.ratio(job["r"]),
-                "ratio_target": None if job["nodes"] == 1 else job["r"], "codec": job["codec"],
-                "bandwidth_mbit": job["bw"], "shaping": job["shaping"], "weights": p.source.get(job["r"]),
+        return {**job_fields(job), "input_shape": list(SHAPES[job["model"]]), "ratio": p.ratio(job["r"]),
+                "weights": p.source.get(job["r"]),
                 "predicted_ms": round(pred["predicted_ms"], 3),
                 "predicted_ms_no_overlap": round(pred["predicted_ms_no_overlap"], 3),
                 "compute_ms_per_node": [round(c, 3) for c in pred["compute_ms_per_node"]],

@@ -39,6 +39,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+from host import DRIFT  # noqa: E402
+
 from disco import planner  # noqa: E402
 from disco.runtime import latency as lat  # noqa: E402
 from disco.runtime.transport import LinkModel  # noqa: E402
@@ -168,7 +172,7 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
         bw *= TCP_GOODPUT
     if e["shaping"] == "tc":  # kernel shaping, no pacing: the ping-pong's delay, nothing else (as before)
         return lat.replay(progs, LinkModel(bw, 0.0), CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0,
-                          cal.oversub) * 1e3
+                          cal.oversub, cal.corun) * 1e3
     return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
 
 
@@ -184,6 +188,7 @@ FINE = {
                  "overhead_unshaped_s": [0.0, 0.025e-3, 0.05e-3, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3],
                  "overhead_unshaped_byte_s": [0.0, 0.25e-9, 0.5e-9, 1e-9, 1.5e-9, 2e-9, 3e-9, 4e-9],
                  "oversub": [0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0],
+                 "corun": [0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0],
                  "wake_oversub_s": [0.0, 0.1e-3, 0.2e-3, 0.3e-3, 0.5e-3, 0.8e-3, 1.2e-3]},
     "paced": {"delay_paced_a": [0.05e-3, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3, 1e-3],
               "delay_paced_b": [0.0, 0.25e-9, 0.5e-9, 1e-9, 1.5e-9, 2e-9, 3e-9],
@@ -261,6 +266,12 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
         print(f"{kind}: {best}, {-best_score[0]} of {len(es)} within 1.25x", flush=True)
     base |= {"delay_tc_a": base["delay_a"], "delay_tc_b": base["delay_b"]}
     return planner.Calibration(**base)
+
+
+def drifted(e: dict) -> bool:
+    """Whether the host's speed probe around the entry's run (after the sweep re-traced and measured it once
+    more) still moved more than ``DRIFT`` from the probe taken with its compute trace."""
+    return (e.get("host_drift") or 1.0) > DRIFT
 
 
 def summary(es: list[dict], preds: list[float]) -> dict:
@@ -404,6 +415,8 @@ def page(out: dict) -> str:
          f"- useful share of the cores when more node processes compute than there are cores: {c['oversub']:.2f}; "
          f"a blocked node's extra wake-up while node processes outnumber the cores (it waits for one): "
          f"{c.get('wake_oversub_s', 0.0) * 1e6:.0f} us",
+         f"- speed of each node process while more than one computes at once on the 2-core host (shared caches "
+         f"and memory bandwidth; the compute traces time each node alone): {c.get('corun', 1.0):.2f}",
          "", "## Measured against predicted", "",
          "Calibration subset: a checkerboard over ratio, codec and bandwidth within each model, N and link kind "
          "(unshaped, paced, tc); the rest is held out. 'link model' "
@@ -418,11 +431,25 @@ def page(out: dict) -> str:
     bad = [r for r in out["entries"] if not 0.8 <= r["measured_ms"] / r["link_model_ms"] <= 1.25]
     L += ["", f"Entries still outside 1.25x (link model): {len(bad)}", "",
           "| entry (model, N, r, codec, Mbit/s, shaping) | measured ms | predicted ms | ratio | calibration | "
-          "kept set |", "|---|---|---|---|---|---|"]
+          "host speed moved | kept set |", "|---|---|---|---|---|---|---|"]
     for r in bad:
+        fit = "yes" if r["calibration"] else "held out"
+        if r.get("host_drift") and r["host_drift"] > DRIFT:
+            fit = "not fitted"
+        speed = "-" if r.get("host_drift") is None else f"{r['host_drift']:.2f}x" + (" (re-traced)" if r.get(
+            "retraced") else "")
         L.append(f"| {r['key']} | {r['measured_ms']:.1f} | {r['link_model_ms']:.1f} | "
-                 f"{r['measured_ms'] / r['link_model_ms']:.2f} | {'yes' if r['calibration'] else 'held out'} | "
-                 f"{r['kept_set']} |")
+                 f"{r['measured_ms'] / r['link_model_ms']:.2f} | {fit} | {speed} | {r['kept_set']} |")
+    probed = [r for r in out["entries"] if r.get("host_drift") is not None]
+    if probed:
+        moved = [r for r in probed if r["host_drift"] > DRIFT]
+        L += ["", f"Host speed: the sweep timed one fixed convolution (`bench/host.py:speed_probe_ms`) when it "
+              f"traced a node's compute and before and after each run. {sum(bool(r['retraced']) for r in probed)} "
+              f"of the {len(probed)} runs found it moved more than {DRIFT:.2f}x from the trace's and were re-traced "
+              f"and measured once more; {len(moved)} still moved that much the second time and are counted apart "
+              "above (not fitted)" + (": " + ", ".join(
+                  f"{r['key']} ({r['host_drift']:.2f}x, measured/predicted "
+                  f"{r['measured_ms'] / r['link_model_ms']:.2f})" for r in moved) if moved else "") + "."]
     pairs = [(a, b) for a in out["entries"] for b in out["entries"]
              if a["key"].replace("fp16", "fp32") == b["key"] and "|0.0|fp16|" in a["key"]]
     if pairs:
@@ -462,6 +489,8 @@ def main() -> int:
     feats = build_features(multi, models)
     multi = [e for e in multi if f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}" in feats]
     calib, held = split(multi)
+    moved = [e for e in multi if drifted(e)]  # measured on a host of another speed than its trace: counted apart
+    calib, held = [e for e in calib if not drifted(e)], [e for e in held if not drifted(e)]
     coef, cfit = fit_compute(calib, feats)
     cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
     cal = fit_link(calib, feats, cal, meta)
@@ -474,6 +503,7 @@ def main() -> int:
                      "link_model_ms": round(predict_entry(e, feats, cal, True), 3),
                      "planner_ms": round(predict_entry(e, feats, cal, False), 3),
                      "weights": e.get("weights"), "loadavg_1min": e.get("loadavg_1min"),
+                     "host_drift": e.get("host_drift"), "retraced": e.get("retraced"),
                      "messages_measured": e.get("messages_measured"),
                      "launch_medians_ms": e.get("latency_ms_launch_medians"),
                      "messages_program": sum(1 for p in feats[fkey(e)]["progs"] for s in p if s[0] == "s"),
@@ -493,7 +523,12 @@ def main() -> int:
                                                                           for e in calib]),
                "planner (compute model too), held out": summary(held, [predict_entry(e, feats, cal, False)
                                                                       for e in held]),
-           },
+           } | ({
+               f"link model (measured compute), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
+                   moved, [predict_entry(e, feats, cal, True) for e in moved]),
+               f"planner (compute model too), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
+                   moved, [predict_entry(e, feats, cal, False) for e in moved]),
+           } if moved else {}),
            "entries": rows}
     OUT.write_text(json.dumps(out, indent=1))
     DOC.write_text(page(out))

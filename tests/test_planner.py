@@ -115,6 +115,25 @@ def test_replay_wake_up_only_when_blocked_and_oversubscription() -> None:
     assert lat.replay(four, LinkModel(), 2, d, oversub=0.5) == pytest.approx(4e-3)
 
 
+def test_corun_slows_only_the_time_two_nodes_compute_at_once() -> None:
+    """``corun``: node 0 computes 1 ms alone, then 1 ms beside node 1 (at half speed: 2 ms), then its last
+    step alone; a node computing alone runs at full speed, and a device per node (cores=None) never shares."""
+    from disco import planner
+    from disco.runtime import latency as lat
+    from disco.runtime.transport import LinkModel
+
+    d = lat.Delay(0.0, 0.0)
+    a = [("c", 2e-3), ("s", 1, 5, 100), ("f",)]
+    b = [("w", 0, 5, 100), ("f",)]
+    assert lat.replay([a, b], LinkModel(), 2, d, corun=0.5) == pytest.approx(2e-3)  # never two at once
+    late = [("c", 1e-3), ("f",)]
+    assert lat.replay([a, late], LinkModel(), 2, d, corun=0.5) == pytest.approx(3e-3)  # 2 ms together, then 1 alone
+    cal = planner.Calibration(corun=0.5, overhead_unshaped_s=0.0, overhead_unshaped_byte_s=0.0, wake_unshaped_s=0.0,
+                              delay_a=0.0, delay_b=0.0)
+    assert planner.predict_ms([a, late], None, 0.0, cal, cores=2) == pytest.approx(3.0)
+    assert planner.predict_ms([a, late], None, 0.0, cal) == pytest.approx(2.0)
+
+
 def test_codec_cost_is_charged_per_value_encoded_and_decoded() -> None:
     """int8's encode (sender) and decode (receiver) cost: the link values of the program, times the
     calibration's seconds per value; fp32's programs carry the same values but no codec cost."""

@@ -160,13 +160,15 @@ class Delay:
 
 
 def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
-           oversub: float = 1.0) -> float:
+           oversub: float = 1.0, corun: float = 1.0) -> float:
     """Seconds from the leader's start to its end of one inference (overlap as the executor does it).
 
     ``wake_s``: a node that blocks on a message that has not arrived yet resumes ``wake_s`` after
     its arrival (the wake-up of a sleeping process and its transport thread); a message already
     there when the node asks for it costs no wake-up. ``oversub``: the share of the cores that does
-    useful work while more nodes compute than there are cores (context switches, caches)."""
+    useful work while more nodes compute than there are cores (context switches, caches). ``corun``: the
+    speed of each node while more than one computes at once on the same host (shared caches and memory
+    bandwidth), on top of ``oversub``."""
     n = len(progs)
     bw = link.bandwidth_bps
     idx = [0] * n
@@ -244,7 +246,8 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
         if all(s == "done" for s in status):
             break
         running = [j for j in range(n) if status[j] == "run"]
-        rate = (min(1.0, cores / len(running)) * (oversub if len(running) > cores else 1.0)) if running else 1.0
+        rate = (min(1.0, cores / len(running)) * (oversub if len(running) > cores else 1.0)
+                * (corun if len(running) > 1 else 1.0)) if running else 1.0
         cands = [t + rem[j] / rate for j in running]
         cands += [w for j, w in enumerate(wake) if status[j] == "wait" and w is not None]
         if not cands:
