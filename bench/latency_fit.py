@@ -204,7 +204,8 @@ FINE = {
 STARTS = {"unshaped": [{"wake_oversub_s": w} for w in (0.0, 0.1e-3, 0.3e-3)], "paced": [{}]}
 
 
-def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dict) -> planner.Calibration:
+def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dict,
+             hold: dict[str, float] | None = None) -> planner.Calibration:
     """Fit on the calibration subset, for unshaped and paced links apart: the delivery delay ``a + b*S``,
     the wake-up of a node blocked on a message, the CPU overhead after each received message ``o + o_b*S``
     and (unshaped) the useful share of the cores when 4 node processes share 2. A coarse grid with the
@@ -218,10 +219,12 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
     and from the grid's best with ``STARTS``, and keeps the best: a rerun on the same entries returns
     the committed fit, and a refit never scores below the fit it replaces. The
     objective is the number of entries within 1.25x, ties broken by the mean squared log-error.
-    tc entries (no pacing, gloo through a veth) take the unshaped delay and nothing else."""
+    tc entries (no pacing, gloo through a veth) take the unshaped delay and nothing else. ``hold`` fixes
+    parameters at a value (an ablation: ``--hold corun=1`` fits the model without the co-run term)."""
+    hold = hold or {}
     d, dp = meta["delay_loaded"], meta["delay_loaded_paced"]
     base = dict(cal.__dict__, delay_a=d["a_s"], delay_b=d["b_s_per_byte"], delay_paced_a=dp["a_s"],
-                delay_paced_b=dp["b_s_per_byte"])
+                delay_paced_b=dp["b_s_per_byte"]) | hold
     grids = {"unshaped": list(itertools.product([0.2e-3, 0.4e-3, 0.6e-3, 0.8e-3], [0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3],
                                                 [0.0, 0.5e-9, 1e-9], [1.0, 0.85, 0.7])),
              "paced": list(itertools.product([0.0, 0.2e-3, 0.4e-3, 0.6e-3], [0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3],
@@ -244,14 +247,14 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
         bmax = 2 * (d if kind == "unshaped" else dp)["b_s_per_byte"]  # the per-byte delay: at most 2x the ping-pong's
         best_score, best = None, None
         prev = planner.Calibration()  # the committed fit (disco.planner's defaults): kept unless beaten
-        starts = [{k: getattr(prev, k) for k in FINE[kind]}] + \
-            [{k: base[k] for k in FINE[kind]} | s | dict(grid_best) for s in STARTS[kind]]
+        starts = [{k: getattr(prev, k) for k in FINE[kind]} | hold] + \
+            [{k: base[k] for k in FINE[kind]} | s | dict(grid_best) | hold for s in STARTS[kind]]
         for cur in starts:  # coordinate descent is path-dependent: a few starts, the best kept
             cur_score = score(cur)
             for _ in range(8):  # coordinate descent until no parameter moves
                 moved = False
                 for name, values in FINE[kind].items():
-                    for v in values:
+                    for v in [] if name in hold else values:
                         if name in ("delay_b", "delay_paced_b") and v > bmax:
                             continue
                         trial = cur | {name: v}
@@ -272,6 +275,11 @@ def drifted(e: dict) -> bool:
     """Whether the host's speed probe around the entry's run (after the sweep re-traced and measured it once
     more) still moved more than ``DRIFT`` from the probe taken with its compute trace."""
     return (e.get("host_drift") or 1.0) > DRIFT
+
+
+def launch_spread(rows: list[dict], field: str) -> list[float]:
+    """Largest over smallest launch median of each multi-launch entry (``field`` holds the medians), sorted."""
+    return sorted(max(r[field]) / min(r[field]) for r in rows if len(r.get(field) or []) > 1)
 
 
 def summary(es: list[dict], preds: list[float]) -> dict:
@@ -341,8 +349,8 @@ def _slow_host() -> list[str]:
     f = ROOT / "results" / "latency_slow_host.json"
     if not f.is_file():
         return []
-    base = {key(e): e["latency_ms_median"] for e in json.loads((ROOT / "results" / "latency.json").read_text())
-            ["entries"] if e.get("latency_ms_median") and e["nodes"] > 1}
+    base = {key(e): e["latency_ms_median"] for e in json.loads(SRC.read_text())["entries"]
+            if e.get("latency_ms_median") and e["nodes"] > 1}
     measured = [e for e in json.loads(f.read_text())["entries"] if e.get("latency_ms_median")]
     rerun = [e for e in measured if key(e) in base]
     single = {e["model"]: e["latency_ms_median"] for e in measured if e["mode"] == "single"}
@@ -354,8 +362,7 @@ def _slow_host() -> list[str]:
     link = [e for e in rerun if e["bandwidth_mbit"] in (10, 100)]
     comp = [e for e in rerun if e["bandwidth_mbit"] not in (10, 100)]
     n1 = [e for e in measured if e["nodes"] == 1 and e["mode"] == "dense" and e["model"] in single]
-    spread = sorted(max(e["latency_ms_launch_medians"]) / min(e["latency_ms_launch_medians"]) for e in rerun
-                    if len(e.get("latency_ms_launch_medians") or []) > 1)
+    spread = launch_spread(rerun, "latency_ms_launch_medians")
     L = ["", "## A rerun on a host whose speed drifted", "",
          "`results/latency_slow_host.json` is the same sweep rerun on 2026-12-04 (third run of that day, 87 "
          "minutes, every run predicted below 100 ms over 3 launches, see bench/README.md). Measured against the "
@@ -415,8 +422,9 @@ def page(out: dict) -> str:
          f"- useful share of the cores when more node processes compute than there are cores: {c['oversub']:.2f}; "
          f"a blocked node's extra wake-up while node processes outnumber the cores (it waits for one): "
          f"{c.get('wake_oversub_s', 0.0) * 1e6:.0f} us",
-         f"- speed of each node process while more than one computes at once on the 2-core host (shared caches "
-         f"and memory bandwidth; the compute traces time each node alone): {c.get('corun', 1.0):.2f}",
+         f"- speed of each node process while more than one computes at once on the 2-core host (the compute "
+         f"traces time each node alone; fitted, it stands for shared caches and memory bandwidth and for the "
+         f"runtime's own threads alike): {c.get('corun', 1.0):.2f}",
          "", "## Measured against predicted", "",
          "Calibration subset: a checkerboard over ratio, codec and bandwidth within each model, N and link kind "
          "(unshaped, paced, tc); the rest is held out. 'link model' "
@@ -462,7 +470,7 @@ def page(out: dict) -> str:
     L += _slow_host()
     multi = [r for r in out["entries"] if len(r.get("launch_medians_ms") or []) > 1]
     if multi:
-        spread = sorted(max(r["launch_medians_ms"]) / min(r["launch_medians_ms"]) for r in multi)
+        spread = launch_spread(multi, "launch_medians_ms")
         L += ["", f"Launches: the {len(multi)} entries predicted below 100 ms are the median of all timed "
               f"inferences of {len(multi[0]['launch_medians_ms'])} launches of the same export (one launch of a "
               "few-ms run measures whichever fast or slow phase it meets, results/noise.json). The largest "
@@ -476,7 +484,13 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,cifar_resnet20,deit_small_patch16_224,rrdbnet,"
                                         "deeplabv3plus_resnet50,ssd300_vgg16_split")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--hold", default="", help="NAME=VALUE,...: parameters held fixed (an ablation; "
+                                                "written to --out only, the page and the model stay)")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    hold = {k: float(v) for k, v in (kv.split("=") for kv in args.hold.split(",") if kv)}
+    if hold and args.out == OUT:
+        ap.error("--hold is an ablation: give --out a path other than results/latency_model.json")
     if args.report:
         DOC.write_text(page(json.loads(OUT.read_text())))
         print(DOC.read_text())
@@ -493,12 +507,12 @@ def main() -> int:
     calib, held = [e for e in calib if not drifted(e)], [e for e in held if not drifted(e)]
     coef, cfit = fit_compute(calib, feats)
     cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
-    cal = fit_link(calib, feats, cal, meta)
+    cal = fit_link(calib, feats, cal, meta, hold)
     cal.single_process = {f"{e['model']}|{','.join(map(str, e['input_shape']))}": round(e["latency_ms_median"], 3)
                           for e in single}
-    rows = []
+    rows, fitted = [], {id(e) for e in calib}
     for e in multi:
-        rows.append({"key": key(e), "calibration": e in calib, "measured_ms": e["latency_ms_median"],
+        rows.append({"key": key(e), "calibration": id(e) in fitted, "measured_ms": e["latency_ms_median"],
                      "old_predicted_ms": e["predicted_ms"],
                      "link_model_ms": round(predict_entry(e, feats, cal, True), 3),
                      "planner_ms": round(predict_entry(e, feats, cal, False), 3),
@@ -530,8 +544,9 @@ def main() -> int:
                    moved, [predict_entry(e, feats, cal, False) for e in moved]),
            } if moved else {}),
            "entries": rows}
-    OUT.write_text(json.dumps(out, indent=1))
-    DOC.write_text(page(out))
+    args.out.write_text(json.dumps(out, indent=1))
+    if args.out == OUT:
+        DOC.write_text(page(out))
     print(json.dumps(out["summary"], indent=1))
     print(json.dumps(out["calibration"], indent=1))
     return 0

@@ -100,8 +100,15 @@ def test_ms_scale_runs_are_split_over_launches_and_pooled():
 
 def test_host_drift_is_the_probes_largest_move_from_the_trace():
     import host
+    import torch
 
+    threads = torch.get_num_threads()
     assert host.drift(None, 5.0, 9.0) == 1.0  # a trace from the cache has no probe
     assert host.drift(5.0, 5.0, 5.5) == pytest.approx(1.1)
     assert host.drift(5.0, 4.0, 5.0) == pytest.approx(1.25)  # faster counts as much as slower
-    assert host.speed_probe_ms(reps=3) > 0
+    torch.set_num_threads(2)
+    try:
+        assert host.speed_probe_ms(reps=3) > 0
+        assert torch.get_num_threads() == 2  # the probe runs on 1 thread and gives the others back
+    finally:
+        torch.set_num_threads(threads)

@@ -167,8 +167,8 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     its arrival (the wake-up of a sleeping process and its transport thread); a message already
     there when the node asks for it costs no wake-up. ``oversub``: the share of the cores that does
     useful work while more nodes compute than there are cores (context switches, caches). ``corun``: the
-    speed of each node while more than one computes at once on the same host (shared caches and memory
-    bandwidth), on top of ``oversub``."""
+    speed of each node while more than one computes at once on the same host, on top of ``oversub``
+    (fitted: shared caches and memory bandwidth, and the runtime's own threads on the same cores)."""
     n = len(progs)
     bw = link.bandwidth_bps
     idx = [0] * n
