@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fit + report
     .venv/bin/python bench/latency_fit.py --report                      # the report from the stored fit only
-    OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py             # then: int8/bf16 codec costs (a fit drops them)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py             # int8/bf16 codec costs (a fit keeps the last)
 
 For every measured entry of results/latency.json the script rebuilds the entry's kept set (the
 benchmark's: random init, seed 0, one-shot global magnitude selection; the CIFAR entries that
@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from host import DRIFT  # noqa: E402
+from netns import tbf_burst  # noqa: E402
 
 from disco import planner  # noqa: E402
 from disco.runtime import latency as lat  # noqa: E402
@@ -49,6 +50,7 @@ from disco.runtime.transport import LinkModel  # noqa: E402
 
 SRC = ROOT / "results" / "latency.json"
 OUT = ROOT / "results" / "latency_model.json"
+CODEC_COST = ROOT / "results" / "codec_cost.json"
 DOC = ROOT / "docs" / "latency-model.md"
 CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / "disco-latency-fit-features.json"
 TCP_GOODPUT = 1448 / 1514
@@ -170,9 +172,9 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
     bw = None if e["bandwidth_mbit"] is None else e["bandwidth_mbit"] * 1e6
     if bw is not None and e["shaping"] == "tc":
         bw *= TCP_GOODPUT
-    if e["shaping"] == "tc":  # kernel shaping, no pacing: the ping-pong's delay, nothing else (as before)
+    if e["shaping"] == "tc":  # kernel shaping (tbf's bucket), no pacing: the unshaped delay, nothing else
         return lat.replay(progs, LinkModel(bw, 0.0), CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0,
-                          cal.oversub, cal.corun) * 1e3
+                          cal.oversub, cal.corun, tbf_burst(e["bandwidth_mbit"]) * TCP_GOODPUT) * 1e3
     return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
 
 
@@ -219,7 +221,7 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
     and from the grid's best with ``STARTS``, and keeps the best: a rerun on the same entries returns
     the committed fit, and a refit never scores below the fit it replaces. The
     objective is the number of entries within 1.25x, ties broken by the mean squared log-error.
-    tc entries (no pacing, gloo through a veth) take the unshaped delay and nothing else. ``hold`` fixes
+    tc entries (no pacing, gloo through a tbf-shaped veth) take the unshaped delay and tbf's bucket. ``hold`` fixes
     parameters at a value (an ablation: ``--hold corun=1`` fits the model without the co-run term)."""
     hold = hold or {}
     d, dp = meta["delay_loaded"], meta["delay_loaded_paced"]
@@ -425,6 +427,11 @@ def page(out: dict) -> str:
          f"- speed of each node process while more than one computes at once on the 2-core host (the compute "
          f"traces time each node alone; fitted, it stands for shared caches and memory bandwidth and for the "
          f"runtime's own threads alike): {c.get('corun', 1.0):.2f}",
+         "- kernel shaping (the tc entries: tbf on each end of a veth, `bench/netns.py`): the unshaped delay, "
+         "the bandwidth times the TCP goodput (1448 of each 1514-byte frame), and tbf's token bucket on each "
+         "sender's egress (`burst_bytes` of `replay`: 1 ms of traffic, at least 16 KB): a message's first bytes "
+         "leave at once when the bucket has refilled while the node computed, so a few-KB message is not paced "
+         "at all; nothing is fitted on them",
          "", "## Measured against predicted", "",
          "Calibration subset: a checkerboard over ratio, codec and bandwidth within each model, N and link kind "
          "(unshaped, paced, tc); the rest is held out. 'link model' "
@@ -508,6 +515,9 @@ def main() -> int:
     coef, cfit = fit_compute(calib, feats)
     cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
     cal = fit_link(calib, feats, cal, meta, hold)
+    if CODEC_COST.is_file():  # measured apart (bench/codec_cost.py); fp32 and fp16, all the fit sees, cost nothing
+        cc = json.loads(CODEC_COST.read_text())
+        cal.codec_encode_s, cal.codec_decode_s = cc["codec_encode_s"], cc["codec_decode_s"]
     cal.single_process = {f"{e['model']}|{','.join(map(str, e['input_shape']))}": round(e["latency_ms_median"], 3)
                           for e in single}
     rows, fitted = [], {id(e) for e in calib}

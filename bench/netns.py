@@ -32,13 +32,18 @@ def netns_cleanup() -> None:
     _sh("ip", "link", "del", VETH[0], check=False)
 
 
+def tbf_burst(bw_mbit: float) -> int:
+    """The tbf bucket in bytes at ``bw_mbit``: 1 ms of traffic, at least a few frames (the latency model's
+    tc prediction takes it too)."""
+    return int(max(16 * 1024, bw_mbit * 1e6 / 8 / 1000))
+
+
 def netns_setup(bw_mbit: float) -> None:
     netns_cleanup()
     for ns in NS:
         _sh("ip", "netns", "add", ns)
     _sh("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
-    rate_bytes = bw_mbit * 1e6 / 8
-    burst = int(max(16 * 1024, rate_bytes / 1000))  # 1 ms of traffic, at least a few frames
+    burst = tbf_burst(bw_mbit)
     for r in (0, 1):
         ns, dev = NS[r], VETH[r]
         _sh("ip", "link", "set", dev, "netns", ns)

@@ -215,3 +215,21 @@ def test_default_calibration_is_the_committed_fit() -> None:
     for name, value in fitted.items():
         if isinstance(value, float):
             assert getattr(default, name) == pytest.approx(value, rel=2e-3), name
+
+
+def test_tbf_bucket_lets_a_burst_leave_at_once_and_refills_at_the_rate() -> None:
+    """``burst_bytes``: at 1 MB/s with a 1000-byte bucket, two 1000-byte messages back to back take 1 ms (the
+    first leaves at once, the second waits for the bucket), with 1 ms of compute between them none (the bucket
+    refilled); without a bucket every byte is paced (2 ms), and a bigger message pays only what the bucket lacks."""
+    from disco.runtime import latency as lat
+    from disco.runtime.transport import LinkModel
+
+    d, link = lat.Delay(0.0, 0.0), LinkModel(8e6)
+    leader = [("w", 1, 5, 1000), ("w", 1, 6, 1000), ("f",)]
+    back_to_back = [("s", 0, 5, 1000), ("s", 0, 6, 1000), ("f",)]
+    apart = [("s", 0, 5, 1000), ("c", 1e-3), ("s", 0, 6, 1000), ("f",)]
+    assert lat.replay([leader, back_to_back], link, 2, d) == pytest.approx(2e-3)
+    assert lat.replay([leader, back_to_back], link, 2, d, burst_bytes=1000) == pytest.approx(1e-3)
+    assert lat.replay([leader, apart], link, 2, d, burst_bytes=1000) == pytest.approx(1e-3)
+    big = [("s", 0, 5, 3000), ("f",)]
+    assert lat.replay([[("w", 1, 5, 3000), ("f",)], big], link, 2, d, burst_bytes=1000) == pytest.approx(2e-3)

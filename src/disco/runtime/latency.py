@@ -160,7 +160,7 @@ class Delay:
 
 
 def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
-           oversub: float = 1.0, corun: float = 1.0) -> float:
+           oversub: float = 1.0, corun: float = 1.0, burst_bytes: float = 0.0) -> float:
     """Seconds from the leader's start to its end of one inference (overlap as the executor does it).
 
     ``wake_s``: a node that blocks on a message that has not arrived yet resumes ``wake_s`` after
@@ -168,7 +168,12 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     there when the node asks for it costs no wake-up. ``oversub``: the share of the cores that does
     useful work while more nodes compute than there are cores (context switches, caches). ``corun``: the
     speed of each node while more than one computes at once on the same host, on top of ``oversub``
-    (fitted: shared caches and memory bandwidth, and the runtime's own threads on the same cores)."""
+    (fitted: shared caches and memory bandwidth, and the runtime's own threads on the same cores).
+    ``burst_bytes``: the link is a kernel shaper's token bucket on each node's egress (Linux tbf, as
+    bench/netns.py sets it up) instead of a paced interface both ways: a message leaves at once for as many
+    bytes as the bucket holds, the rest at ``link.bandwidth_bps``; the bucket refills at that rate up to
+    ``burst_bytes``; nothing limits the receiving side (0: every byte paced at both ends, as the runtime's
+    pacing and a switch port do)."""
     n = len(progs)
     bw = link.bandwidth_bps
     idx = [0] * n
@@ -178,6 +183,7 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     tx_free = [0.0] * n
     last_out = [0.0] * n
     rx_free = [-1e9] * n
+    tokens = [(float(burst_bytes), 0.0)] * n  # each sender's bucket: (level, at time)
     arrivals: dict[tuple, float] = {}  # (src, dst, tag, k) -> arrival time
     sent_count: dict[tuple, int] = {}
     wait_count: dict[tuple, int] = {}
@@ -185,9 +191,18 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     end = [0.0] * n
     t = 0.0
 
+    def bucket(j: int, start: float, nbytes: int) -> float:
+        """When the last of ``nbytes``, the first of them leaving at ``start``, has left node j's tbf."""
+        level, at = tokens[j]
+        level = min(burst_bytes, level + (start - at) * bw / 8.0)
+        free = min(level, nbytes)
+        done = start + (nbytes - free) * 8.0 / bw
+        tokens[j] = (level - free, done)
+        return done
+
     def downlink(j: int, t_wait: float, arr: float, nbytes: int) -> float:
         done = max(t_wait, arr)
-        if bw is None:
+        if bw is None or burst_bytes:
             return done
         avail = max(done, rx_free[j] + nbytes * 8.0 / bw)
         rx_free[j] = avail
@@ -210,7 +225,7 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
                 sent_count[(j, dst, tag)] = k + 1
                 if link.shaped:
                     start = max(t, tx_free[j])
-                    tx_free[j] = start + link.wire_time(nb)
+                    tx_free[j] = bucket(j, start, nb) if burst_bytes and bw else start + link.wire_time(nb)
                     release = tx_free[j] + link.latency_s
                 else:
                     release = t
