@@ -383,6 +383,25 @@ def _slow_host() -> list[str]:
     return L
 
 
+def _tbf() -> list[str]:
+    """The check of the tc bucket (bench/tbf_bucket.py), when it has run."""
+    src = ROOT / "results" / "tbf_bucket.json"
+    if not src.is_file():
+        return []
+    rows = json.loads(src.read_text())["entries"]
+
+    def med(b: dict) -> float:
+        return sorted(b["measured_ms"])[len(b["measured_ms"]) // 2]
+
+    return ["", "The tbf bucket, checked (`bench/tbf_bucket.py`, results/tbf_bucket.json): the CIFAR tc settings "
+            "launched alternately with the sweep's bucket and a small one, predicted with the committed "
+            "calibration (no refit): " + "; ".join(
+                f"{r['key']}: " + ", ".join(f"bucket {b['burst_bytes']} B measured {med(b):.1f} ms (median of "
+                                           f"{len(b['measured_ms'])} launches), predicted {b['predicted_ms']:.1f}"
+                                           for b in r["buckets"])
+                + f" (without a bucket {r['predicted_ms_without_bucket']:.1f})" for r in rows) + "."]
+
+
 def page(out: dict) -> str:
     """docs/latency-model.md from results/latency_model.json."""
     c = out["calibration"]
@@ -474,6 +493,7 @@ def page(out: dict) -> str:
                           f"{a['key'].split('|')[4]} Mbit/s)" for a, b in pairs)
               + ": the same program measured twice in one sweep differs by up to that much, so a deterministic "
               "model has at most 1.56x (1.25 squared) between the two to place its one prediction."]
+    L += _tbf()
     L += _slow_host()
     multi = [r for r in out["entries"] if len(r.get("launch_medians_ms") or []) > 1]
     if multi:

@@ -38,12 +38,13 @@ def tbf_burst(bw_mbit: float) -> int:
     return int(max(16 * 1024, bw_mbit * 1e6 / 8 / 1000))
 
 
-def netns_setup(bw_mbit: float) -> None:
+def netns_setup(bw_mbit: float, burst: int | None = None) -> None:
+    """The namespaces and the veth, tbf at ``bw_mbit`` with a bucket of ``burst`` bytes (default tbf_burst)."""
     netns_cleanup()
     for ns in NS:
         _sh("ip", "netns", "add", ns)
     _sh("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
-    burst = tbf_burst(bw_mbit)
+    burst = tbf_burst(bw_mbit) if burst is None else burst
     for r in (0, 1):
         ns, dev = NS[r], VETH[r]
         _sh("ip", "link", "set", dev, "netns", ns)
@@ -70,12 +71,13 @@ def netns_check() -> str | None:
     return None
 
 
-def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float) -> dict[str, Any]:
-    """N=2, node r in namespace NS[r], the veth shaped by tbf; the leader's report."""
+def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float, burst: int | None = None) -> dict[str, Any]:
+    """N=2, node r in namespace NS[r], the veth shaped by tbf (bucket ``burst``: see netns_setup); the leader's
+    report."""
     port = free_port()
     procs = []
     try:
-        netns_setup(bw_mbit)
+        netns_setup(bw_mbit, burst)
         with tempfile.TemporaryDirectory(prefix="disco-tc-") as tmp:
             res = Path(tmp) / "result.json"
             errs = []
