@@ -1,6 +1,6 @@
-"""Fit the planner's latency model on results/latency.json and check it on held-out entries.
+"""Fit the planner's latency model on results/latency.json, and cross-validate it.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fit + report
+    OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fits + report (~25 min)
     .venv/bin/python bench/latency_fit.py --report                      # the report from the stored fit only
     OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py             # int8/bf16 codec costs (a fit keeps the last)
 
@@ -9,18 +9,23 @@ benchmark's: random init, seed 0, one-shot global magnitude selection; the CIFAR
 used a trained checkpoint get the magnitude set at the same r instead, and say so) and the node
 programs of :func:`disco.planner.programs` (compute segments as FLOPs / ops / messages / bytes).
 
-Two fits, on a calibration subset (a checkerboard over ratio, codec and bandwidth within each model, N
-and link kind; the rest is held out):
+Each fit has two parts:
 
 1. **compute**: each node's measured compute (``compute_ms_per_node``: its plan alone, 1 thread,
-   no communication) = flop_s * FLOPs + op_s * ops + msg_s * messages + byte_s * bytes.
+   no communication) = flop_s * FLOPs + op_s * ops + msg_s * messages + byte_s * bytes (least squares).
 2. **link**: with each node's compute rescaled to what was measured, ``replay`` (2 cores shared
-   by the node processes, as on the benchmark host) with a per-message delay a + b*S and a CPU
-   overhead after every received message o + o_b*S, separately for unshaped and paced links;
-   a grid search minimises the largest |log(measured / predicted)| of the calibration subset.
+   by the node processes, as on the benchmark host) with a per-message delay a + b*S, a wake-up, a CPU
+   overhead after every received message o + o_b*S and the cores' share when node processes share them,
+   separately for unshaped and paced links (``fit_link``): most entries within 1.25x, then the least
+   mean squared log-error.
 
-Writes results/latency_model.json: the calibration, and per entry measured, the old prediction,
-the new one with measured compute (the link model alone) and the planner's (compute model too).
+Three fits: on every entry (the calibration ``disco plan`` uses; entries measured while the host's speed
+moved are left out and checked apart), and one on each half of a checkerboard split (``split``) to
+cross-validate: each entry is also predicted by the fit that did not see it.
+
+Writes results/latency_model.json: the calibration, the halves' fits, and per entry measured, the old
+prediction, the link model's (measured compute) and the planner's (compute model too), each from the fit on
+all and cross-validated.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -118,11 +125,11 @@ def pingpong(meta: dict) -> dict[str, list[float]]:
 
 
 def split(multi: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Calibration and held-out subsets, a checkerboard within each (model, N, link kind) group: an entry is
-    in the calibration subset when the ranks of its ratio, codec and bandwidth within the group add up to an
-    even number. Both subsets see every group, every codec and every ratio of it (every other entry in key
-    order put all fp16 entries of a group in one subset and all fp32 ones in the other, as the two codecs
-    alternate in key order, so the calibration never saw the larger messages of a setting)."""
+    """The cross-validation's halves A and B, a checkerboard within each (model, N, link kind) group: an entry
+    is in A when the ranks of its ratio, codec and bandwidth within the group add up to an even number. Both
+    halves see every group, every codec and every ratio of it (every other entry in key order put all fp16
+    entries of a group in one half and all fp32 ones in the other, as the two codecs alternate in key order,
+    so a half never saw the larger messages of a setting)."""
     def axis(e: dict) -> tuple:
         return (e.get("ratio_target", e.get("r")), str(e.get("codec")), e.get("bandwidth_mbit") or 0)
 
@@ -173,7 +180,7 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
     if bw is not None and e["shaping"] == "tc":
         bw *= TCP_GOODPUT
     if e["shaping"] == "tc":  # kernel shaping (tbf's bucket), no pacing: the unshaped delay, nothing else
-        return lat.replay(progs, LinkModel(bw, 0.0), CORES, lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0,
+        return lat.replay(progs, LinkModel(bw, 0.0), CORES, cal.delay(False), 0.0,
                           cal.oversub, cal.corun, tbf_burst(e["bandwidth_mbit"]) * TCP_GOODPUT) * 1e3
     return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
 
@@ -206,9 +213,23 @@ FINE = {
 STARTS = {"unshaped": [{"wake_oversub_s": w} for w in (0.0, 0.1e-3, 0.3e-3)], "paced": [{}]}
 
 
+RANDOM_DRAWS, RANDOM_KEEP = 1500, 3  # seeded random points of FINE's grid; the best few start a descent too
+
+
+def random_starts(space: dict[str, list[float]], score: Callable[[dict], tuple[float, float]],
+                  draws: int = RANDOM_DRAWS, keep: int = RANDOM_KEEP, seed: int = 0) -> list[dict]:
+    """The ``keep`` best of ``draws`` seeded random points of the grid ``space`` (by ``score``, lower is better):
+    starts for coordinate descent that do not depend on the previous fit or on the coarse grid."""
+    rng = np.random.default_rng(seed)
+    pts = [{k: float(v[rng.integers(len(v))]) for k, v in space.items()} for _ in range(draws)]
+    scored = sorted(((score(p), i) for i, p in enumerate(pts)))
+    return [pts[i] for _, i in scored[:keep]]
+
+
 def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dict,
-             hold: dict[str, float] | None = None) -> planner.Calibration:
-    """Fit on the calibration subset, for unshaped and paced links apart: the delivery delay ``a + b*S``,
+             hold: dict[str, float] | None = None, warm: bool = True, label: str = "",
+             seeds: Sequence[planner.Calibration] = ()) -> planner.Calibration:
+    """Fit on the entries ``calib``, for unshaped and paced links apart: the delivery delay ``a + b*S``,
     the wake-up of a node blocked on a message, the CPU overhead after each received message ``o + o_b*S``
     and (unshaped) the useful share of the cores when 4 node processes share 2. A coarse grid with the
     delay of the loaded ping-pong (``meta.delay_loaded*``) first, then coordinate descent over ``FINE``
@@ -217,11 +238,15 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
     what a byte costs to copy through loopback, bounds the per-byte delay at twice its value: a steeper
     slope fitted on small messages (CIFAR's 32 KB) would charge the megabyte messages of resnet50 for what is
     a per-message cost (resnet50 dense N=2 measures the same at fp16 and fp32). Coordinate descent
-    is path-dependent, so it starts from the previous fit (``disco.planner.Calibration``'s defaults)
-    and from the grid's best with ``STARTS``, and keeps the best: a rerun on the same entries returns
-    the committed fit, and a refit never scores below the fit it replaces. The
+    is path-dependent, so it starts from the previous fit (``disco.planner.Calibration``'s defaults; only
+    when ``warm``: a cross-validation fold must not start from a fit that saw the other half), from the
+    grid's best with ``STARTS`` and from the best of ``RANDOM_DRAWS`` seeded random points of ``FINE``'s
+    grid (``random_starts``) and from ``seeds`` (the fit on all entries starts from the halves' fits too,
+    so it scores at least what they score on all entries), and keeps the best: a rerun on the same entries
+    returns the committed fit, and a refit never scores below the fit it replaces. The
     objective is the number of entries within 1.25x, ties broken by the mean squared log-error.
-    tc entries (no pacing, gloo through a tbf-shaped veth) take the unshaped delay and tbf's bucket. ``hold`` fixes
+    tc entries (no pacing, gloo through a tbf-shaped veth) take the unshaped delay and tbf's bucket, and count
+    with the unshaped entries. ``hold`` fixes
     parameters at a value (an ablation: ``--hold corun=1`` fits the model without the co-run term)."""
     hold = hold or {}
     d, dp = meta["delay_loaded"], meta["delay_loaded_paced"]
@@ -231,7 +256,8 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
                                                 [0.0, 0.5e-9, 1e-9], [1.0, 0.85, 0.7])),
              "paced": list(itertools.product([0.0, 0.2e-3, 0.4e-3, 0.6e-3], [0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3],
                                              [0.0, 0.5e-9, 1e-9, 2e-9], [None]))}
-    for kind, sel in (("unshaped", lambda e: e["shaping"] is None), ("paced", lambda e: e["shaping"] == "pacing")):
+    for kind, sel in (("unshaped", lambda e: e["shaping"] in (None, "tc")),
+                      ("paced", lambda e: e["shaping"] == "pacing")):
         es = [e for e in calib if sel(e)]
 
         def score(p: dict, es: list[dict] = es, base: dict = base) -> tuple[float, float]:
@@ -245,12 +271,15 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
                 p["oversub"] = eff
             scores.append((score(p), sorted(p.items())))
         grid_score, grid_best = min(scores)
-        print(f"{kind} grid: {-grid_score[0]} of {len(es)} calibration entries within 1.25x", flush=True)
+        print(f"{label}{kind} grid: {-grid_score[0]} of {len(es)} entries within 1.25x", flush=True)
         bmax = 2 * (d if kind == "unshaped" else dp)["b_s_per_byte"]  # the per-byte delay: at most 2x the ping-pong's
         best_score, best = None, None
         prev = planner.Calibration()  # the committed fit (disco.planner's defaults): kept unless beaten
-        starts = [{k: getattr(prev, k) for k in FINE[kind]} | hold] + \
-            [{k: base[k] for k in FINE[kind]} | s | dict(grid_best) | hold for s in STARTS[kind]]
+        starts = [{k: getattr(prev, k) for k in FINE[kind]} | hold] * warm + \
+            [{k: getattr(c, k) for k in FINE[kind]} | hold for c in seeds] + \
+            [{k: base[k] for k in FINE[kind]} | s | dict(grid_best) | hold for s in STARTS[kind]] + \
+            [p | hold for p in random_starts({k: [v for v in vs if k not in ("delay_b", "delay_paced_b") or v <= bmax]
+                                              for k, vs in FINE[kind].items()}, lambda p: score(p | hold))]
         for cur in starts:  # coordinate descent is path-dependent: a few starts, the best kept
             cur_score = score(cur)
             for _ in range(8):  # coordinate descent until no parameter moves
@@ -268,9 +297,20 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
             if best_score is None or cur_score < best_score:
                 best_score, best = cur_score, cur
         base |= best
-        print(f"{kind}: {best}, {-best_score[0]} of {len(es)} within 1.25x", flush=True)
-    base |= {"delay_tc_a": base["delay_a"], "delay_tc_b": base["delay_b"]}
+        print(f"{label}{kind}: {best}, {-best_score[0]} of {len(es)} within 1.25x", flush=True)
     return planner.Calibration(**base)
+
+
+def fit(es: list[dict], feats: dict, meta: dict, hold: dict[str, float], warm: bool, label: str,
+        seeds: Sequence[planner.Calibration] = ()) -> tuple[planner.Calibration, list[float]]:
+    """The compute fit, then the link fit, on the entries ``es``; the calibration and the compute fit's
+    [worst, median] absolute log-error."""
+    import torch
+
+    torch.set_num_threads(1)
+    coef, cfit = fit_compute(es, feats)
+    cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
+    return fit_link(es, feats, cal, meta, hold, warm, label, seeds), cfit
 
 
 def drifted(e: dict) -> bool:
@@ -395,7 +435,7 @@ def _tbf() -> list[str]:
 
     return ["", "The tbf bucket, checked (`bench/tbf_bucket.py`, results/tbf_bucket.json): the CIFAR tc settings "
             "launched alternately with the sweep's bucket and a small one, predicted with the committed "
-            "calibration (no refit): " + "; ".join(
+            "calibration (the bucket's size is no parameter of the fit): " + "; ".join(
                 f"{r['key']}: " + ", ".join(f"bucket {b['burst_bytes']} B measured {med(b):.1f} ms (median of "
                                            f"{len(b['measured_ms'])} launches), predicted {b['predicted_ms']:.1f}"
                                            for b in r["buckets"])
@@ -431,7 +471,7 @@ def page(out: dict) -> str:
          "- compute per node, from the cost model: "
          f"{c['flop_s'] * 1e12:.2f} ps per FLOP, {c['op_s'] * 1e6:.1f} us per op, {c['msg_s'] * 1e6:.1f} us per "
          f"message sent and {c['byte_s'] * 1e9:.3f} ns per byte sent (fitted on the measured per-node compute; "
-         f"worst log-error {out['compute_fit_log_error_calibration']['worst']:.3f})",
+         f"worst log-error {out['compute_fit_log_error']['worst']:.3f})",
          f"- delivery delay a + b*S: unshaped {c['delay_a'] * 1e6:.0f} us + {c['delay_b'] * 1e9:.2f} ns/B, paced "
          f"{c['delay_paced_a'] * 1e6:.0f} us + {c['delay_paced_b'] * 1e9:.2f} ns/B (fitted on the entries; "
          f"{_pingpong(out)})",
@@ -450,30 +490,39 @@ def page(out: dict) -> str:
          "the bandwidth times the TCP goodput (1448 of each 1514-byte frame), and tbf's token bucket on each "
          "sender's egress (`burst_bytes` of `replay`: 1 ms of traffic, at least 16 KB): a message's first bytes "
          "leave at once when the bucket has refilled while the node computed, so a few-KB message is not paced "
-         "at all; nothing is fitted on them",
+         "at all; no parameter of its own (the tc entries count with the unshaped ones in the fit)",
          "", "## Measured against predicted", "",
-         "Calibration subset: a checkerboard over ratio, codec and bandwidth within each model, N and link kind "
-         "(unshaped, paced, tc); the rest is held out. 'link model' "
-         "uses each node's measured compute (what the link model alone predicts); 'planner' predicts the "
-         "compute too (what `disco plan` does).", "",
+         "'fitted on all': the calibration above, fitted on every entry but those measured while the host's "
+         "speed moved (below); it is what `disco plan` uses. 'cross-validated': the entries split in two "
+         "halves, a checkerboard over ratio, codec and bandwidth within each model, N and link kind (unshaped, "
+         "paced, tc); the model fitted on one half predicts each entry of the other, which it never saw (the "
+         "two halves' fits are in results/latency_model.json, `halves`). 'link model' uses each node's "
+         "measured compute (what the link model alone predicts); 'planner' predicts the compute too (what "
+         "`disco plan` does).", "",
          "| model | entries | within 1.25x | worst measured/predicted | median abs log-error |",
          "|---|---|---|---|---|"]
     for k, s in out["summary"].items():
         w = "-" if s["worst_ratio"] is None else f"{s['worst_ratio']:.2f}"
         m = "-" if s["median_abs_log"] is None else f"{s['median_abs_log']:.3f}"
         L.append(f"| {k} | {s['n']} | {s['within_1.25x']} | {w} | {m} |")
-    bad = [r for r in out["entries"] if not 0.8 <= r["measured_ms"] / r["link_model_ms"] <= 1.25]
-    L += ["", f"Entries still outside 1.25x (link model): {len(bad)}", "",
-          "| entry (model, N, r, codec, Mbit/s, shaping) | measured ms | predicted ms | ratio | calibration | "
-          "host speed moved | kept set |", "|---|---|---|---|---|---|---|"]
-    for r in bad:
-        fit = "yes" if r["calibration"] else "held out"
-        if r.get("host_drift") and r["host_drift"] > DRIFT:
-            fit = "not fitted"
-        speed = "-" if r.get("host_drift") is None else f"{r['host_drift']:.2f}x" + (" (re-traced)" if r.get(
-            "retraced") else "")
-        L.append(f"| {r['key']} | {r['measured_ms']:.1f} | {r['link_model_ms']:.1f} | "
-                 f"{r['measured_ms'] / r['link_model_ms']:.2f} | {fit} | {speed} | {r['kept_set']} |")
+
+    def outside(field: str) -> list[dict]:
+        return [r for r in out["entries"] if r.get(field) and not 0.8 <= r["measured_ms"] / r[field] <= 1.25]
+
+    for field, what in (("link_model_ms", "the link model fitted on all"),
+                        ("link_model_cv_ms", "the link model cross-validated, each entry predicted by the half "
+                                             "that did not see it")):
+        bad = outside(field)
+        L += ["", f"Entries outside 1.25x, {what}: {len(bad)}", ""]
+        if not bad:
+            continue
+        L += ["| entry (model, N, r, codec, Mbit/s, shaping) | measured ms | predicted ms | ratio | half | "
+              "host speed moved | kept set |", "|---|---|---|---|---|---|---|"]
+        for r in bad:
+            speed = "-" if r.get("host_drift") is None else f"{r['host_drift']:.2f}x" + (" (re-traced)" if r.get(
+                "retraced") else "")
+            L.append(f"| {r['key']} | {r['measured_ms']:.1f} | {r[field]:.1f} | "
+                     f"{r['measured_ms'] / r[field]:.2f} | {r['half'] or 'not fitted'} | {speed} | {r['kept_set']} |")
     probed = [r for r in out["entries"] if r.get("host_drift") is not None]
     if probed:
         moved = [r for r in probed if r["host_drift"] > DRIFT]
@@ -529,23 +578,31 @@ def main() -> int:
     models = args.models.split(",")
     feats = build_features(multi, models)
     multi = [e for e in multi if f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}" in feats]
-    calib, held = split(multi)
     moved = [e for e in multi if drifted(e)]  # measured on a host of another speed than its trace: counted apart
-    calib, held = [e for e in calib if not drifted(e)], [e for e in held if not drifted(e)]
-    coef, cfit = fit_compute(calib, feats)
-    cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
-    cal = fit_link(calib, feats, cal, meta, hold)
+    fitted = [e for e in multi if not drifted(e)]
+    halves = {h: [e for e in es if not drifted(e)] for h, es in zip("AB", split(multi), strict=True)}
+    with ProcessPoolExecutor(2) as ex:  # the two cross-validation folds at once (cold: no committed fit)
+        fits = {h: j.result() for h, j in [(h, ex.submit(fit, halves[h], feats, meta, hold, False, f"[{h}] "))
+                                            for h in "AB"]}
+    fits["all"] = fit(fitted, feats, meta, hold, True, "[all] ", [fits[h][0] for h in "AB"])
+    cal, cfit = fits["all"]
+    other = {id(e): fits["B" if h == "A" else "A"][0] for h, es in halves.items() for e in es}  # fitted without e
     if CODEC_COST.is_file():  # measured apart (bench/codec_cost.py); fp32 and fp16, all the fit sees, cost nothing
         cc = json.loads(CODEC_COST.read_text())
         cal.codec_encode_s, cal.codec_decode_s = cc["codec_encode_s"], cc["codec_decode_s"]
     cal.single_process = {f"{e['model']}|{','.join(map(str, e['input_shape']))}": round(e["latency_ms_median"], 3)
                           for e in single}
-    rows, fitted = [], {id(e) for e in calib}
+    half = {id(e): h for h, es in halves.items() for e in es}
+    rows = []
     for e in multi:
-        rows.append({"key": key(e), "calibration": id(e) in fitted, "measured_ms": e["latency_ms_median"],
+        rows.append({"key": key(e), "half": half.get(id(e)), "measured_ms": e["latency_ms_median"],
                      "old_predicted_ms": e["predicted_ms"],
                      "link_model_ms": round(predict_entry(e, feats, cal, True), 3),
                      "planner_ms": round(predict_entry(e, feats, cal, False), 3),
+                     "link_model_cv_ms": round(predict_entry(e, feats, other[id(e)], True), 3) if id(e) in other
+                     else None,
+                     "planner_cv_ms": round(predict_entry(e, feats, other[id(e)], False), 3) if id(e) in other
+                     else None,
                      "weights": e.get("weights"), "loadavg_1min": e.get("loadavg_1min"),
                      "host_drift": e.get("host_drift"), "retraced": e.get("retraced"),
                      "messages_measured": e.get("messages_measured"),
@@ -553,26 +610,28 @@ def main() -> int:
                      "messages_program": sum(1 for p in feats[fkey(e)]["progs"] for s in p if s[0] == "s"),
                      "kept_set": "reproduced" if (e.get("weights") or "").startswith("random") else
                      "magnitude at the same r (the entry used a trained checkpoint not in the repository)"})
+    cv = [other[id(e)] for e in fitted]
     out = {"calibration": {k: v for k, v in cal.__dict__.items() if k != "source"},
-           "compute_fit_log_error_calibration": {"worst": cfit[0], "median": cfit[1]},
+           "compute_fit_log_error": {"worst": cfit[0], "median": cfit[1]},
            "delay_pingpong_loaded": pingpong(meta),
            "method": __doc__.strip(),
            "summary": {
                "old model, all measured": summary(multi, [e["predicted_ms"] for e in multi]),
-               "link model (measured compute), calibration": summary(calib, [predict_entry(e, feats, cal, True)
-                                                                            for e in calib]),
-               "link model (measured compute), held out": summary(held, [predict_entry(e, feats, cal, True)
-                                                                        for e in held]),
-               "planner (compute model too), calibration": summary(calib, [predict_entry(e, feats, cal, False)
-                                                                          for e in calib]),
-               "planner (compute model too), held out": summary(held, [predict_entry(e, feats, cal, False)
-                                                                      for e in held]),
+               "link model (measured compute), fitted on all": summary(
+                   fitted, [predict_entry(e, feats, cal, True) for e in fitted]),
+               "link model (measured compute), cross-validated": summary(
+                   fitted, [predict_entry(e, feats, c, True) for e, c in zip(fitted, cv, strict=True)]),
+               "planner (compute model too), fitted on all": summary(
+                   fitted, [predict_entry(e, feats, cal, False) for e in fitted]),
+               "planner (compute model too), cross-validated": summary(
+                   fitted, [predict_entry(e, feats, c, False) for e, c in zip(fitted, cv, strict=True)]),
            } | ({
                f"link model (measured compute), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
                    moved, [predict_entry(e, feats, cal, True) for e in moved]),
                f"planner (compute model too), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
                    moved, [predict_entry(e, feats, cal, False) for e in moved]),
            } if moved else {}),
+           "halves": {h: {k: v for k, v in fits[h][0].__dict__.items() if k != "source"} for h in "AB"},
            "entries": rows}
     args.out.write_text(json.dumps(out, indent=1))
     if args.out == OUT:

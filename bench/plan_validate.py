@@ -11,8 +11,9 @@ DIR --nodes N --codec C --bandwidth B --latency L --json``; measured median agai
 calibration's CPU costs scaled by the model's one-process time on this host), with the host's load
 average before and after each run (this host is shared:
 other people's jobs inflate what is measured). The calibration (results/latency_model.json) saw
-resnet50 and cifar_resnet20 at N=2 and 4, equal shares, 10/100/1000 Mbit/s and unshaped, no added
-latency: every setting below differs (N=3, 20 ms and other latencies, unequal shares, other models).
+resnet50, cifar_resnet20, deit_small, rrdbnet, deeplabv3plus and ssd300 at N=2 and 4, equal shares,
+10/100/1000 Mbit/s and unshaped, no added latency: every setting below differs (N=3, 20 ms and other
+latencies, unequal shares, other models).
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/tbf_bucket.py      # root and iproute2; ~2 min; results/tbf_bucket.json
 
 The fit's tc prediction (bench/latency_fit.py) lets a message's first bytes leave at once when tbf's bucket
-has refilled (``replay(..., burst_bytes=)``); nothing is fitted on tc entries. If the bucket is what makes the
-CIFAR tc entries fast, a bucket of two frames must slow them down by what the model says, with the same
-calibration. Each CIFAR ResNet-20 tc setting of results/latency.json (N=2, 100 Mbit/s, fp32; export: random
-init, magnitude links, as `disco export` does) is launched alternately with each bucket; the prediction uses
-the entry's compute trace from results/latency.json and the committed calibration (disco.planner's defaults).
+has refilled (``replay(..., burst_bytes=)``); the bucket's size is no parameter of the fit. If the bucket is
+what makes the CIFAR tc entries fast, a bucket of two frames must slow them down by what the model says,
+with the same calibration. Each CIFAR ResNet-20 tc setting of results/latency.json (N=2, 100 Mbit/s, fp32;
+export: random init, magnitude links, as `disco export` does) is launched alternately with each bucket; the
+prediction uses the entry's compute trace from results/latency.json and the committed calibration
+(disco.planner's defaults).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def predict(e: dict, feats: dict, burst: int) -> float:
     cal = planner.Calibration()
     progs = planner.price(feats[lf.fkey(e)]["progs"], cal, compute_ms=e["compute_ms_per_node"], codec=e["codec"])
     return lat.replay(progs, LinkModel(BW * 1e6 * lf.TCP_GOODPUT, 0.0), lf.CORES,
-                      lat.Delay(cal.delay_tc_a, cal.delay_tc_b), 0.0, cal.oversub, cal.corun,
+                      cal.delay(False), 0.0, cal.oversub, cal.corun,
                       burst * lf.TCP_GOODPUT) * 1e3
 
 

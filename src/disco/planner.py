@@ -43,25 +43,23 @@ TAG_INPUT, TAG_OUTPUT, TAG_LINKS, TAG_STATS = 1, 2, 16, 1 << 20
 class Calibration:
     """The latency model's parameters (see ``bench/latency_fit.py``)."""
 
-    flop_s: float = 1.393e-11  # seconds per FLOP on one core (1 torch thread)
-    op_s: float = 2.194e-05  # fixed cost of one op on one node (Python, dispatch)
-    msg_s: float = 3.535e-05  # fixed CPU cost of one message on its sender (index_select, encode)
-    byte_s: float = 6.438e-10  # CPU cost per payload byte (gather, cast, copy) on the sender
-    delay_a: float = 0.0005  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
+    flop_s: float = 1.407e-11  # seconds per FLOP on one core (1 torch thread)
+    op_s: float = 2.142e-05  # fixed cost of one op on one node (Python, dispatch)
+    msg_s: float = 4.009e-05  # fixed CPU cost of one message on its sender (index_select, encode)
+    byte_s: float = 4.381e-10  # CPU cost per payload byte (gather, cast, copy) on the sender
+    delay_a: float = 0.0005513  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
     delay_b: float = 1.5e-09
-    delay_paced_a: float = 0.0003  # ... and through the pacing thread
-    delay_paced_b: float = 0.0
-    delay_tc_a: float = 0.0005  # kernel-shaped links (tc), benchmark entries only
-    delay_tc_b: float = 1.5e-09
+    delay_paced_a: float = 5e-05  # ... and through the pacing thread
+    delay_paced_b: float = 1.5e-09
     overhead_unshaped_s: float = 0.0001  # CPU time after each received message, unshaped links
-    overhead_paced_s: float = 0.0002  # ... and paced ones (pacing thread hand-off)
-    overhead_unshaped_byte_s: float = 1.5e-09  # ... plus this per received byte (unshaped)
-    overhead_paced_byte_s: float = 3e-09  # ... (paced)
-    wake_unshaped_s: float = 0.0002  # wake-up of a node blocked on a message that had not arrived (unshaped)
-    wake_paced_s: float = 0.0001  # ... (paced)
+    overhead_paced_s: float = 0.0003  # ... and paced ones (pacing thread hand-off)
+    overhead_unshaped_byte_s: float = 1e-09  # ... plus this per received byte (unshaped)
+    overhead_paced_byte_s: float = 5e-10  # ... (paced)
+    wake_unshaped_s: float = 0.0001  # wake-up of a node blocked on a message that had not arrived (unshaped)
+    wake_paced_s: float = 0.0  # ... (paced)
     oversub: float = 0.95  # useful share of the cores while more node processes compute than there are cores
     corun: float = 0.85  # speed of each node process while more than one computes at once on a shared host
-    wake_oversub_s: float = 0.0  # extra wake-up while node processes outnumber the cores (waiting for a core)
+    wake_oversub_s: float = 0.0003  # extra wake-up while node processes outnumber the cores (waiting for a core)
     single_process: dict[str, float] = field(default_factory=dict)  # model -> measured one-process ms
     single_process_source: str = "results/latency.json"
     # codec -> seconds per value that encoding (sender) and decoding (receiver) cost beyond fp32's
