@@ -423,6 +423,19 @@ def _slow_host() -> list[str]:
     return L
 
 
+def _corun() -> str:
+    """What the co-run term is not (bench/corun_probe.py), when the probe has run."""
+    src = ROOT / "results" / "corun_probe.json"
+    if not src.is_file():
+        return ""
+    rows = json.loads(src.read_text())["entries"]
+    return ("; two plain one-thread forward passes at once on this host take "
+            + ", ".join(f"{r['pair_slowdown']:.2f}x ({r['model']})" for r in rows)
+            + " the time of one alone (`bench/corun_probe.py`, results/corun_probe.json), so the slowdown the fit "
+              "finds is what the node runtime adds while both nodes compute (its transport threads, gloo's I/O "
+              "threads), not the models sharing the cores")
+
+
 def _tbf() -> list[str]:
     """The check of the tc bucket (bench/tbf_bucket.py), when it has run."""
     src = ROOT / "results" / "tbf_bucket.json"
@@ -484,8 +497,7 @@ def page(out: dict) -> str:
          f"a blocked node's extra wake-up while node processes outnumber the cores (it waits for one): "
          f"{c.get('wake_oversub_s', 0.0) * 1e6:.0f} us",
          f"- speed of each node process while more than one computes at once on the 2-core host (the compute "
-         f"traces time each node alone; fitted, it stands for shared caches and memory bandwidth and for the "
-         f"runtime's own threads alike): {c.get('corun', 1.0):.2f}",
+         f"traces time each node alone; fitted): {c.get('corun', 1.0):.2f}{_corun()}",
          "- kernel shaping (the tc entries: tbf on each end of a veth, `bench/netns.py`): the unshaped delay, "
          "the bandwidth times the TCP goodput (1448 of each 1514-byte frame), and tbf's token bucket on each "
          "sender's egress (`burst_bytes` of `replay`: 1 ms of traffic, at least 16 KB): a message's first bytes "

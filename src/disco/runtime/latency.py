@@ -168,7 +168,8 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     there when the node asks for it costs no wake-up. ``oversub``: the share of the cores that does
     useful work while more nodes compute than there are cores (context switches, caches). ``corun``: the
     speed of each node while more than one computes at once on the same host, on top of ``oversub``
-    (fitted: shared caches and memory bandwidth, and the runtime's own threads on the same cores).
+    (fitted; two plain forward passes at once do not slow each other on the benchmark host,
+    bench/corun_probe.py, so it stands for what the node runtime's threads add while both compute).
     ``burst_bytes``: the link is a kernel shaper's token bucket on each node's egress (Linux tbf, as
     bench/netns.py sets it up) instead of a paced interface both ways: a message leaves at once for as many
     bytes as the bucket holds, the rest at ``link.bandwidth_bps``; the bucket refills at that rate up to
