@@ -172,7 +172,10 @@ def fit_compute(multi: list[dict], feats: dict) -> tuple[np.ndarray, list]:
     return full, [float(np.max(np.abs(np.log(pred / y)))), float(np.median(np.abs(np.log(pred / y))))]
 
 
-def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compute: bool) -> float:
+def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compute: bool,
+                  burst: int | None = None) -> float:
+    """Predicted ms of entry ``e`` (``measured_compute``: its traced compute, else the compute model's); a tc
+    entry's tbf bucket is ``burst`` bytes (default the sweep's, ``tbf_burst``; 0: every byte paced)."""
     f = feats[f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}"]
     progs = planner.price(f["progs"], cal, compute_ms=e["compute_ms_per_node"] if measured_compute else None,
                           codec=e["codec"])
@@ -181,7 +184,8 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
         bw *= TCP_GOODPUT
     if e["shaping"] == "tc":  # kernel shaping (tbf's bucket), no pacing: the unshaped delay, nothing else
         return lat.replay(progs, LinkModel(bw, 0.0), CORES, cal.delay(False), 0.0,
-                          cal.oversub, cal.corun, tbf_burst(e["bandwidth_mbit"]) * TCP_GOODPUT) * 1e3
+                          cal.oversub, cal.corun,
+                          (tbf_burst(e["bandwidth_mbit"]) if burst is None else burst) * TCP_GOODPUT) * 1e3
     return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
 
 
@@ -305,9 +309,6 @@ def fit(es: list[dict], feats: dict, meta: dict, hold: dict[str, float], warm: b
         seeds: Sequence[planner.Calibration] = ()) -> tuple[planner.Calibration, list[float]]:
     """The compute fit, then the link fit, on the entries ``es``; the calibration and the compute fit's
     [worst, median] absolute log-error."""
-    import torch
-
-    torch.set_num_threads(1)
     coef, cfit = fit_compute(es, feats)
     cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
     return fit_link(es, feats, cal, meta, hold, warm, label, seeds), cfit

@@ -28,20 +28,9 @@ import latency_fit as lf  # noqa: E402
 import netns  # noqa: E402
 
 from disco import planner  # noqa: E402
-from disco.runtime import latency as lat  # noqa: E402
-from disco.runtime.transport import LinkModel  # noqa: E402
 
 OUT = ROOT / "results" / "tbf_bucket.json"
 BW = 100  # Mbit/s, as the sweep's CIFAR tc entries
-
-
-def predict(e: dict, feats: dict, burst: int) -> float:
-    """The fit's tc prediction of entry ``e`` (its measured compute) with a bucket of ``burst`` bytes."""
-    cal = planner.Calibration()
-    progs = planner.price(feats[lf.fkey(e)]["progs"], cal, compute_ms=e["compute_ms_per_node"], codec=e["codec"])
-    return lat.replay(progs, LinkModel(BW * 1e6 * lf.TCP_GOODPUT, 0.0), lf.CORES,
-                      cal.delay(False), 0.0, cal.oversub, cal.corun,
-                      burst * lf.TCP_GOODPUT) * 1e3
 
 
 def main() -> int:
@@ -71,10 +60,13 @@ def main() -> int:
                                                   "--timeout", "120", "--threads", "1"], timeout=300, burst=b)
                     measured[b].append(round(rep["latency_ms_median"], 3))
                     print(lf.key(e), b, measured[b][-1], flush=True)
+            def predict(burst: int, e: dict = e) -> float:  # the fit's tc prediction, the committed calibration
+                return round(lf.predict_entry(e, feats, planner.Calibration(), True, burst), 3)
+
             rows.append({"key": lf.key(e), "sweep_measured_ms": round(e["latency_ms_median"], 3),
-                         "buckets": [{"burst_bytes": b, "measured_ms": measured[b],
-                                      "predicted_ms": round(predict(e, feats, b), 3)} for b in bursts],
-                         "predicted_ms_without_bucket": round(predict(e, feats, 0), 3)})
+                         "buckets": [{"burst_bytes": b, "measured_ms": measured[b], "predicted_ms": predict(b)}
+                                     for b in bursts],
+                         "predicted_ms_without_bucket": predict(0)})
     out = {"method": __doc__.strip(), "bandwidth_mbit": BW, "entries": rows}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(rows, indent=1))
