@@ -185,7 +185,7 @@ def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compu
     if e["shaping"] == "tc":  # kernel shaping (tbf's bucket), no pacing: the unshaped delay, nothing else
         return lat.replay(progs, LinkModel(bw, 0.0), CORES, cal.delay(False), 0.0,
                           cal.oversub, cal.corun,
-                          (tbf_burst(e["bandwidth_mbit"]) if burst is None else burst) * TCP_GOODPUT) * 1e3
+                          (tbf_burst(e["bandwidth_mbit"]) if burst is None else burst) * TCP_GOODPUT, cal.busy_s) * 1e3
     return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
 
 
@@ -202,7 +202,8 @@ FINE = {
                  "overhead_unshaped_byte_s": [0.0, 0.25e-9, 0.5e-9, 1e-9, 1.5e-9, 2e-9, 3e-9, 4e-9],
                  "oversub": [0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0],
                  "corun": [0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0],
-                 "wake_oversub_s": [0.0, 0.1e-3, 0.2e-3, 0.3e-3, 0.5e-3, 0.8e-3, 1.2e-3]},
+                 "wake_oversub_s": [0.0, 0.1e-3, 0.2e-3, 0.3e-3, 0.5e-3, 0.8e-3, 1.2e-3],
+                 "busy_s": [0.0, 0.1e-3, 0.2e-3, 0.3e-3, 0.5e-3, 0.8e-3, 1.2e-3]},
     "paced": {"delay_paced_a": [0.05e-3, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3, 1e-3],
               "delay_paced_b": [0.0, 0.25e-9, 0.5e-9, 1e-9, 1.5e-9, 2e-9, 3e-9],
               "wake_paced_s": [0.0, 0.05e-3, 0.1e-3, 0.2e-3, 0.4e-3, 0.6e-3],
@@ -434,7 +435,36 @@ def _corun() -> str:
             + ", ".join(f"{r['pair_slowdown']:.2f}x ({r['model']})" for r in rows)
             + " the time of one alone (`bench/corun_probe.py`, results/corun_probe.json), so the slowdown the fit "
               "finds is what the node runtime adds while both nodes compute (its transport threads, gloo's I/O "
-              "threads), not the models sharing the cores")
+              "threads), not the models sharing the cores" + _inrun_compute())
+
+
+def _inrun_compute() -> str:
+    """The compute slowdown measured inside real runs (bench/inrun_probe.py), when the probe has run."""
+    src = ROOT / "results" / "inrun_probe.json"
+    if not src.is_file():
+        return ""
+    x = [n["compute_over_alone"] for r in json.loads(src.read_text())["entries"] for n in r["per_node"]]
+    return (f"; inside real N=2 runs each node's compute takes {min(x):.2f}x to {max(x):.2f}x its trace alone "
+            "(`bench/inrun_probe.py`, next line)")
+
+
+def _inrun() -> str:
+    """What the busy delay stands for, measured inside real runs (bench/inrun_probe.py), when the probe has run."""
+    src = ROOT / "results" / "inrun_probe.json"
+    if not src.is_file():
+        return ""
+    rows = json.loads(src.read_text())["entries"]
+
+    def one(r: dict) -> str:
+        w, c = r["sent_to_a_waiting_node"], r["sent_to_a_computing_node_that_blocked_on_it"]
+        comp = "/".join(f"{n['compute_over_alone']:.2f}" for n in r["per_node"])
+        return (f"{r['model']}: send end to wait end {w.get('median_ms', 0):.2f} ms median ({w.get('mean_ms', 0):.2f} "
+                f"mean) to a waiting node, {c.get('median_ms', 0):.2f} ms ({c.get('mean_ms', 0):.2f}) to a computing "
+                f"node that then blocked on it ({c['n']} messages; {r['sent_to_a_computing_node_there_in_time']} "
+                f"were there in time); compute in the run / alone {comp}")
+
+    return ("; measured inside `disco run` at N=2 r=0.1 loopback (`bench/inrun_probe.py`, results/inrun_probe.json: "
+            "sends and waits timestamped in both node processes): " + "; ".join(one(r) for r in rows))
 
 
 def _tbf() -> list[str]:
@@ -499,6 +529,9 @@ def page(out: dict) -> str:
          f"{c.get('wake_oversub_s', 0.0) * 1e6:.0f} us",
          f"- speed of each node process while more than one computes at once on the 2-core host (the compute "
          f"traces time each node alone; fitted): {c.get('corun', 1.0):.2f}{_corun()}",
+         f"- a message sent while the other node processes' computing fills every core but the sender's (2 cores: "
+         f"at N=2 the receiver computes; at N=4 nearly always) arrives later by {c.get('busy_s', 0.0) * 1e6:.0f} us "
+         f"(fitted; the receiver's gloo I/O thread waits for a core){_inrun()}",
          "- kernel shaping (the tc entries: tbf on each end of a veth, `bench/netns.py`): the unshaped delay, "
          "the bandwidth times the TCP goodput (1448 of each 1514-byte frame), and tbf's token bucket on each "
          "sender's egress (`burst_bytes` of `replay`: 1 ms of traffic, at least 16 KB): a message's first bytes "

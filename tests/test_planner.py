@@ -50,6 +50,14 @@ def test_more_bandwidth_is_faster_and_speeds_matter() -> None:
     assert slow > ms[2]
 
 
+def test_receive_overhead_is_cpu_work_divided_by_the_node_speed() -> None:
+    """The CPU after a received message (1 ms + 1 us/B here) takes node 1, at a quarter of the speed, 4x as long."""
+    progs = [[("w", 1, 5, 1000), ("f",)], [("w", 0, 5, 1000), ("f",)]]
+    out = planner.with_overheads(progs, 1e-3, 1e-6, speeds=[1.0, 0.25])
+    assert [s[1] for p in out for s in p if s[0] == "c"] == pytest.approx([2e-3, 8e-3])
+    assert planner.with_overheads(progs, 1e-3, 1e-6)[1][1] == ("c", pytest.approx(2e-3))
+
+
 def _req(**kw) -> planner.PlanRequest:
     base = dict(model="cifar_resnet8", input_shape=(1, 3, 32, 32), bandwidth_bps=1e8, latency_s=0.002,
                 nodes=(2, 3), codecs=("fp32", "fp16"), ratios=(1.0, 0.2, 0.0))
@@ -132,6 +140,29 @@ def test_corun_slows_only_the_time_two_nodes_compute_at_once() -> None:
                               delay_a=0.0, delay_b=0.0)
     assert planner.predict_ms([a, late], None, 0.0, cal, cores=2) == pytest.approx(3.0)
     assert planner.predict_ms([a, late], None, 0.0, cal) == pytest.approx(2.0)
+
+
+def test_busy_delay_only_for_messages_sent_while_the_other_nodes_fill_the_cores() -> None:
+    """``busy_s``: node 0 sends at 1 ms while node 1 still computes (2 nodes, 2 cores: every core busy), so
+    its message arrives 0.5 ms late and node 1, waiting from 1.2 ms, answers at 1.5 ms; the answer leaves while
+    node 0 waits (a core is free) and is not delayed. Not delayed either: a waiting peer, a free core, a device
+    per node."""
+    from disco import planner
+    from disco.runtime import latency as lat
+    from disco.runtime.transport import LinkModel
+
+    d = lat.Delay(0.0, 0.0)
+    a = [("c", 1e-3), ("s", 1, 5, 100), ("w", 1, 6, 100), ("f",)]
+    b = [("c", 1.2e-3), ("w", 0, 5, 100), ("s", 0, 6, 100), ("f",)]
+    assert lat.replay([a, b], LinkModel(), 2, d) == pytest.approx(1.2e-3)
+    assert lat.replay([a, b], LinkModel(), 2, d, busy_s=5e-4) == pytest.approx(1.5e-3)
+    assert lat.replay([a, b], LinkModel(), 4, d, busy_s=5e-4) == pytest.approx(1.2e-3)  # a core to spare
+    idle = [("w", 0, 5, 100), ("s", 0, 6, 100), ("f",)]
+    assert lat.replay([a, idle], LinkModel(), 2, d, busy_s=5e-4) == pytest.approx(1e-3)  # the peer waits
+    cal = planner.Calibration(busy_s=5e-4, corun=1.0, overhead_unshaped_s=0.0, overhead_unshaped_byte_s=0.0,
+                              wake_unshaped_s=0.0, wake_oversub_s=0.0, delay_a=0.0, delay_b=0.0)
+    assert planner.predict_ms([a, b], None, 0.0, cal, cores=2) == pytest.approx(1.5)
+    assert planner.predict_ms([a, b], None, 0.0, cal) == pytest.approx(1.2)  # a device per node
 
 
 def test_codec_cost_is_charged_per_value_encoded_and_decoded() -> None:

@@ -20,6 +20,7 @@ import copy
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,17 +50,18 @@ class Calibration:
     byte_s: float = 4.381e-10  # CPU cost per payload byte (gather, cast, copy) on the sender
     delay_a: float = 0.0005513  # delivery delay of one message: a + b * bytes (unpaced gloo) ...
     delay_b: float = 1.5e-09
-    delay_paced_a: float = 5e-05  # ... and through the pacing thread
-    delay_paced_b: float = 1.5e-09
+    delay_paced_a: float = 0.0001  # ... and through the pacing thread
+    delay_paced_b: float = 2.5e-10
     overhead_unshaped_s: float = 0.0001  # CPU time after each received message, unshaped links
-    overhead_paced_s: float = 0.0003  # ... and paced ones (pacing thread hand-off)
-    overhead_unshaped_byte_s: float = 1e-09  # ... plus this per received byte (unshaped)
-    overhead_paced_byte_s: float = 5e-10  # ... (paced)
+    overhead_paced_s: float = 0.0002  # ... and paced ones (pacing thread hand-off)
+    overhead_unshaped_byte_s: float = 5e-10  # ... plus this per received byte (unshaped)
+    overhead_paced_byte_s: float = 3e-09  # ... (paced)
     wake_unshaped_s: float = 0.0001  # wake-up of a node blocked on a message that had not arrived (unshaped)
-    wake_paced_s: float = 0.0  # ... (paced)
-    oversub: float = 0.95  # useful share of the cores while more node processes compute than there are cores
+    wake_paced_s: float = 5e-05  # ... (paced)
+    oversub: float = 0.9  # useful share of the cores while more node processes compute than there are cores
     corun: float = 0.85  # speed of each node process while more than one computes at once on a shared host
-    wake_oversub_s: float = 0.0003  # extra wake-up while node processes outnumber the cores (waiting for a core)
+    wake_oversub_s: float = 0.0  # extra wake-up while node processes outnumber the cores (waiting for a core)
+    busy_s: float = 0.0003  # extra delay of a message sent while the other nodes' computing fills the cores
     single_process: dict[str, float] = field(default_factory=dict)  # model -> measured one-process ms
     single_process_source: str = "results/latency.json"
     # codec -> seconds per value that encoding (sender) and decoding (receiver) cost beyond fp32's
@@ -246,25 +248,29 @@ def features(progs: list[list[tuple]]) -> np.ndarray:
     return np.array([sum((s[1][:k] for s in p if s[0] == "c"), np.zeros(k)) for p in progs])
 
 
-def with_overheads(progs: list[list[lat.Step]], per_msg: float, per_byte: float = 0.0) -> list[list[lat.Step]]:
-    """CPU time after every received message: ``per_msg + per_byte * bytes`` (receive-side runtime cost)."""
+def with_overheads(progs: list[list[lat.Step]], per_msg: float, per_byte: float = 0.0,
+                   speeds: Sequence[float] | None = None) -> list[list[lat.Step]]:
+    """CPU time after every received message: ``per_msg + per_byte * bytes`` (receive-side runtime cost), on
+    node j divided by its relative speed ``speeds[j]`` (as :func:`price` divides its compute)."""
     if per_msg <= 0 and per_byte <= 0:
         return progs
-    return [[x for s in p for x in ((s, ("c", per_msg + per_byte * s[3])) if s[0] == "w" else (s,))] for p in progs]
+    sp = [1.0] * len(progs) if speeds is None else [float(v) for v in speeds[:len(progs)]]
+    return [[x for s in p for x in ((s, ("c", (per_msg + per_byte * s[3]) / sp[j])) if s[0] == "w" else (s,))]
+            for j, p in enumerate(progs)]
 
 
 def predict_ms(progs: list[list[lat.Step]], bandwidth_bps: float | None, latency_s: float, cal: Calibration,
-               cores: int | None = None) -> float:
-    """Predicted ms of one inference (priced programs): ``cores`` host cores shared by the node
-    processes (None: one device per node)."""
+               cores: int | None = None, speeds: Sequence[float] | None = None) -> float:
+    """Predicted ms of one inference (priced programs, ``speeds`` as :func:`price` had them): ``cores`` host
+    cores shared by the node processes (None: one device per node)."""
     link = LinkModel(bandwidth_bps, latency_s)
     if link.shaped:
-        progs = with_overheads(progs, cal.overhead_paced_s, cal.overhead_paced_byte_s)
+        progs = with_overheads(progs, cal.overhead_paced_s, cal.overhead_paced_byte_s, speeds)
     else:
-        progs = with_overheads(progs, cal.overhead_unshaped_s, cal.overhead_unshaped_byte_s)
+        progs = with_overheads(progs, cal.overhead_unshaped_s, cal.overhead_unshaped_byte_s, speeds)
     wake = cal.wake(link.shaped, len(progs) > (cores or len(progs)))
     return lat.replay(progs, link, cores or len(progs), cal.delay(link.shaped), wake, cal.oversub,
-                      cal.corun if cores else 1.0) * 1e3
+                      cal.corun if cores else 1.0, busy_s=cal.busy_s if cores else 0.0) * 1e3
 
 
 # ---- the planner ------------------------------------------------------------------------------
@@ -444,7 +450,7 @@ def plan(req: PlanRequest, cal: Calibration | None = None) -> dict[str, Any]:
                 mem = [w + a for w, a in zip(weights, rep.peak_activation_bytes_per_node, strict=True)]
                 for codec in req.codecs:
                     progs = price(programs(part, kept, codec), cal, speeds, codec=codec)
-                    ms = predict_ms(progs, req.bandwidth_bps, req.latency_s, cal, req.cores)
+                    ms = predict_ms(progs, req.bandwidth_bps, req.latency_s, cal, req.cores, speeds)
                     bpv = get_codec(codec).bytes_per_value
                     acc, src = _accuracy_for(acc_rows, facts, n, r, shares, codec, codec_drop)
                     cands.append(Candidate(

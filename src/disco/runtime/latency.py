@@ -160,7 +160,7 @@ class Delay:
 
 
 def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
-           oversub: float = 1.0, corun: float = 1.0, burst_bytes: float = 0.0) -> float:
+           oversub: float = 1.0, corun: float = 1.0, burst_bytes: float = 0.0, busy_s: float = 0.0) -> float:
     """Seconds from the leader's start to its end of one inference (overlap as the executor does it).
 
     ``wake_s``: a node that blocks on a message that has not arrived yet resumes ``wake_s`` after
@@ -174,7 +174,9 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     bench/netns.py sets it up) instead of a paced interface both ways: a message leaves at once for as many
     bytes as the bucket holds, the rest at ``link.bandwidth_bps``; the bucket refills at that rate up to
     ``burst_bytes``; nothing limits the receiving side (0: every byte paced at both ends, as the runtime's
-    pacing and a switch port do)."""
+    pacing and a switch port do). ``busy_s``: a message sent while the other nodes' computing fills every core
+    but the sender's arrives ``busy_s`` later (the receiver's gloo I/O thread waits for a core;
+    bench/inrun_probe.py measures it inside real runs)."""
     n = len(progs)
     bw = link.bandwidth_bps
     idx = [0] * n
@@ -230,6 +232,8 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
                     release = tx_free[j] + link.latency_s
                 else:
                     release = t
+                if busy_s and sum(1 for k in range(n) if k != j and status[k] == "run") + 1 >= cores:
+                    release += busy_s
                 arr = release + delay(nb)
                 last_out[j] = max(last_out[j], arr)
                 key = (j, dst, tag, k)
