@@ -159,6 +159,9 @@ def test_busy_delay_only_for_messages_sent_while_the_other_nodes_fill_the_cores(
     assert lat.replay([a, b], LinkModel(), 4, d, busy_s=5e-4) == pytest.approx(1.2e-3)  # a core to spare
     idle = [("w", 0, 5, 100), ("s", 0, 6, 100), ("f",)]
     assert lat.replay([a, idle], LinkModel(), 2, d, busy_s=5e-4) == pytest.approx(1e-3)  # the peer waits
+    first = [("s", 1, 5, 100), ("w", 1, 6, 100), ("f",)]  # sends at 0 to a node that has not started: not busy
+    later = [("w", 0, 5, 100), ("c", 1e-3), ("s", 0, 6, 100), ("f",)]
+    assert lat.replay([first, later], LinkModel(), 2, d, busy_s=5e-4) == pytest.approx(1e-3)
     cal = planner.Calibration(busy_s=5e-4, corun=1.0, overhead_unshaped_s=0.0, overhead_unshaped_byte_s=0.0,
                               wake_unshaped_s=0.0, wake_oversub_s=0.0, delay_a=0.0, delay_b=0.0)
     assert planner.predict_ms([a, b], None, 0.0, cal, cores=2) == pytest.approx(1.5)
