@@ -77,13 +77,22 @@ def measure(d: Path, iters: int, out: Path) -> list[list[list]]:
 
     port = free_port()
     cmd = [sys.executable, __file__, "--child", str(out)]
+    errs = [open(f"{out}.{r}.stderr", "w+") for r in range(2)]  # noqa: SIM115 (closed below)
     procs = [subprocess.Popen(cmd + [str(d), "--rank", str(r), "--world-size", "2", "--master-addr", "127.0.0.1",
                                      "--master-port", str(port), "--iters", str(iters), "--warmup", str(WARMUP),
                                      "--threads", "1", "--timeout", "120"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
-    for p in procs:
-        if p.wait(timeout=600):
-            raise RuntimeError(f"{d.name}: a node exited with {p.returncode}")
+                              stdout=subprocess.DEVNULL, stderr=errs[r]) for r in range(2)]
+    try:
+        for r, p in enumerate(procs):
+            if p.wait(timeout=600):
+                errs[r].seek(0)
+                raise RuntimeError(f"{d.name}: node {r} exited with {p.returncode}: {errs[r].read()[-2000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for f in errs:
+            f.close()
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
 
 

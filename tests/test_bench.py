@@ -130,3 +130,25 @@ def test_host_drift_is_the_probes_largest_move_from_the_trace():
         assert torch.get_num_threads() == 2  # the probe runs on 1 thread and gives the others back
     finally:
         torch.set_num_threads(threads)
+
+
+def test_inrun_probe_splits_messages_by_what_the_receiver_did_when_they_were_sent():
+    """bench/inrun_probe.py's analysis on hand-made timestamps (seconds): after 3 warm-up inferences, rank 1
+    sends to rank 0 once while rank 0 waits for it (0.2 s to arrive) and once while rank 0 computes (rank 0
+    blocks on it later, 0.9 s after the send); rank 0's one message is at rank 1 before rank 1 asks for it."""
+    import inrun_probe
+
+    warm = [("r", float(k), k + 1.0) for k in range(3)]
+    r0 = warm + [("w", 10.5, 11.3, 1), ("w", 12.5, 13.0, 1), ("s", 15.0, 15.1, 1), ("r", 10.0, 20.0)]
+    r1 = warm + [("s", 11.0, 11.1, 0), ("s", 12.0, 12.1, 0), ("w", 16.0, 16.00001, 0), ("r", 10.0, 20.0)]
+    progs = [[("c", 5.0), ("f",)], [("c", 4.0), ("f",)]]
+    out = inrun_probe.analyse([[list(e) for e in r0], [list(e) for e in r1]], progs)
+    assert out["sent_to_a_waiting_node"]["n"] == 1
+    assert out["sent_to_a_waiting_node"]["median_ms"] == pytest.approx(200.0)
+    assert out["sent_to_a_computing_node_that_blocked_on_it"]["n"] == 1
+    assert out["sent_to_a_computing_node_that_blocked_on_it"]["median_ms"] == pytest.approx(900.0)
+    assert out["sent_to_a_computing_node_there_in_time"] == 1
+    assert out["per_node"][0]["compute_over_alone"] == pytest.approx((10.0 - 0.8 - 0.5 - 0.1) / 5.0, abs=1e-3)
+    assert out["sends_per_inference"] == 3
+    with pytest.raises(RuntimeError, match="waits on rank 1"):  # a lost send is an error, not a skewed statistic
+        inrun_probe.analyse([[list(e) for e in r0], [list(e) for e in r1 if e[1] != 12.0]], progs)
