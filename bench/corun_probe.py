@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "corun_probe.json"
-SHAPES = {"deit_small_patch16_224": (1, 3, 224, 224), "resnet50": (1, 3, 224, 224)}
+MODELS = ("deit_small_patch16_224", "resnet50")  # input shapes: the latency sweep's (bench/latency.py)
 
 
 def one(name: str, seconds: float) -> None:
@@ -29,6 +29,9 @@ def one(name: str, seconds: float) -> None:
     import torch
 
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "bench"))
+    from latency import SHAPES
+
     from disco.models import build_model
 
     torch.set_num_threads(1)
@@ -53,7 +56,7 @@ def run(name: str, seconds: float, together: int) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(SHAPES))
+    ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--child")
     ap.add_argument("--out", type=Path, default=OUT)

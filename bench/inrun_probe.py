@@ -73,14 +73,15 @@ def child(out: str, argv: list[str]) -> None:
 
 
 def measure(d: Path, iters: int, out: Path) -> list[list[list]]:
-    from disco.runtime.launch import free_port
+    from disco.runtime.launch import free_port, node_command
 
     port = free_port()
-    cmd = [sys.executable, __file__, "--child", str(out)]
+    opts = ["--iters", str(iters), "--warmup", str(WARMUP), "--threads", "1", "--timeout", "120"]
     errs = [open(f"{out}.{r}.stderr", "w+") for r in range(2)]  # noqa: SIM115 (closed below)
-    procs = [subprocess.Popen(cmd + [str(d), "--rank", str(r), "--world-size", "2", "--master-addr", "127.0.0.1",
-                                     "--master-port", str(port), "--iters", str(iters), "--warmup", str(WARMUP),
-                                     "--threads", "1", "--timeout", "120"],
+    # disco run's node command line, with this file (timestamps, then the node's own main) in place of
+    # ``python -m disco.runtime.node``
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", str(out),
+                               *node_command(d, r, 2, port, opts)[3:]],
                               stdout=subprocess.DEVNULL, stderr=errs[r]) for r in range(2)]
     try:
         for r, p in enumerate(procs):

@@ -1,6 +1,6 @@
 """Fit the planner's latency model on results/latency.json, and cross-validate it.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fits + report (~25 min)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fits + report (~32 min)
     .venv/bin/python bench/latency_fit.py --report                      # the report from the stored fit only
     OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py             # int8/bf16 codec costs (a fit keeps the last)
 
@@ -353,6 +353,12 @@ def _pingpong(out: dict) -> str:
             f"{pp['paced'][1] * 1e9:.2f} ns/B")
 
 
+def _result_entries(name: str) -> list[dict] | None:
+    """The ``entries`` of results/``name`` (a probe's output), None when that probe has not run."""
+    f = ROOT / "results" / name
+    return json.loads(f.read_text())["entries"] if f.is_file() else None
+
+
 def _probe() -> str:
     """What bench/exchange_probe.py measured (results/exchange_probe.json), CIFAR ResNet-20 dense N=2."""
     f = ROOT / "results" / "exchange_probe.json"
@@ -377,10 +383,9 @@ def _probe() -> str:
 
 def _io_nice() -> str:
     """The runtime change of 2026-12-04 and what it measured (results/io_nice.json of bench/io_nice.py)."""
-    f = ROOT / "results" / "io_nice.json"
-    if not f.is_file():
+    rows = _result_entries("io_nice.json")
+    if rows is None:
         return "bench/io_nice.py measures it (results/io_nice.json is not there yet)."
-    rows = json.loads(f.read_text())["entries"]
     return "Measured with `bench/io_nice.py` (results/io_nice.json), median of alternating runs, loopback: " + \
         "; ".join(f"{r['model']} N={r['nodes']} r={r['ratio_target']:g} {r['median_ms']['0']:.1f} -> "
                   f"{r['median_ms']['19']:.1f} ms" for r in rows) + "."
@@ -427,10 +432,9 @@ def _slow_host() -> list[str]:
 
 def _corun() -> str:
     """What the co-run term is not (bench/corun_probe.py), when the probe has run."""
-    src = ROOT / "results" / "corun_probe.json"
-    if not src.is_file():
+    rows = _result_entries("corun_probe.json")
+    if rows is None:
         return ""
-    rows = json.loads(src.read_text())["entries"]
     return ("; two plain one-thread forward passes at once on this host take "
             + ", ".join(f"{r['pair_slowdown']:.2f}x ({r['model']})" for r in rows)
             + " the time of one alone (`bench/corun_probe.py`, results/corun_probe.json), so the slowdown the fit "
@@ -440,28 +444,26 @@ def _corun() -> str:
 
 def _inrun_compute() -> str:
     """The compute slowdown measured inside real runs (bench/inrun_probe.py), when the probe has run."""
-    src = ROOT / "results" / "inrun_probe.json"
-    if not src.is_file():
+    rows = _result_entries("inrun_probe.json")
+    if rows is None:
         return ""
-    x = [n["compute_over_alone"] for r in json.loads(src.read_text())["entries"] for n in r["per_node"]]
+    x = [n["compute_over_alone"] for r in rows for n in r["per_node"]]
     return (f"; inside real N=2 runs each node's compute takes {min(x):.2f}x to {max(x):.2f}x its trace alone "
             "(`bench/inrun_probe.py`, next line)")
 
 
 def _inrun() -> str:
     """What the busy delay stands for, measured inside real runs (bench/inrun_probe.py), when the probe has run."""
-    src = ROOT / "results" / "inrun_probe.json"
-    if not src.is_file():
+    rows = _result_entries("inrun_probe.json")
+    if rows is None:
         return ""
-    rows = json.loads(src.read_text())["entries"]
 
     def one(r: dict) -> str:
         w, c = r["sent_to_a_waiting_node"], r["sent_to_a_computing_node_that_blocked_on_it"]
-        comp = "/".join(f"{n['compute_over_alone']:.2f}" for n in r["per_node"])
         return (f"{r['model']}: send end to wait end {w.get('median_ms', 0):.2f} ms median ({w.get('mean_ms', 0):.2f} "
                 f"mean) to a waiting node, {c.get('median_ms', 0):.2f} ms ({c.get('mean_ms', 0):.2f}) to a computing "
                 f"node that then blocked on it ({c['n']} messages; {r['sent_to_a_computing_node_there_in_time']} "
-                f"were there in time); compute in the run / alone {comp}")
+                "were there in time)")
 
     return ("; measured inside `disco run` at N=2 r=0.1 loopback (`bench/inrun_probe.py`, results/inrun_probe.json: "
             "sends and waits timestamped in both node processes): " + "; ".join(one(r) for r in rows))
@@ -469,10 +471,9 @@ def _inrun() -> str:
 
 def _tbf() -> list[str]:
     """The check of the tc bucket (bench/tbf_bucket.py), when it has run."""
-    src = ROOT / "results" / "tbf_bucket.json"
-    if not src.is_file():
+    rows = _result_entries("tbf_bucket.json")
+    if rows is None:
         return []
-    rows = json.loads(src.read_text())["entries"]
 
     def med(b: dict) -> float:
         return sorted(b["measured_ms"])[len(b["measured_ms"]) // 2]
@@ -639,16 +640,19 @@ def main() -> int:
     cal.single_process = {f"{e['model']}|{','.join(map(str, e['input_shape']))}": round(e["latency_ms_median"], 3)
                           for e in single}
     half = {id(e): h for h, es in halves.items() for e in es}
+    # each entry's four predictions, once: the rows store them rounded, the summary counts them unrounded
+    pred: dict[tuple[int, str], float] = {}
+    for e in multi:
+        for measured, f in ((True, "link_model_ms"), (False, "planner_ms")):
+            pred[(id(e), f)] = predict_entry(e, feats, cal, measured)
+            if id(e) in other:  # cross-validated: the half that did not see e
+                pred[(id(e), f.replace("_ms", "_cv_ms"))] = predict_entry(e, feats, other[id(e)], measured)
     rows = []
     for e in multi:
         rows.append({"key": key(e), "half": half.get(id(e)), "measured_ms": e["latency_ms_median"],
                      "old_predicted_ms": e["predicted_ms"],
-                     "link_model_ms": round(predict_entry(e, feats, cal, True), 3),
-                     "planner_ms": round(predict_entry(e, feats, cal, False), 3),
-                     "link_model_cv_ms": round(predict_entry(e, feats, other[id(e)], True), 3) if id(e) in other
-                     else None,
-                     "planner_cv_ms": round(predict_entry(e, feats, other[id(e)], False), 3) if id(e) in other
-                     else None,
+                     **{f: (round(pred[(id(e), f)], 3) if (id(e), f) in pred else None)
+                        for f in ("link_model_ms", "planner_ms", "link_model_cv_ms", "planner_cv_ms")},
                      "weights": e.get("weights"), "loadavg_1min": e.get("loadavg_1min"),
                      "host_drift": e.get("host_drift"), "retraced": e.get("retraced"),
                      "messages_measured": e.get("messages_measured"),
@@ -656,26 +660,25 @@ def main() -> int:
                      "messages_program": sum(1 for p in feats[fkey(e)]["progs"] for s in p if s[0] == "s"),
                      "kept_set": "reproduced" if (e.get("weights") or "").startswith("random") else
                      "magnitude at the same r (the entry used a trained checkpoint not in the repository)"})
-    cv = [other[id(e)] for e in fitted]
+
+    def preds(es: list[dict], f: str) -> list[float]:
+        return [pred[(id(e), f)] for e in es]
+
     out = {"calibration": {k: v for k, v in cal.__dict__.items() if k != "source"},
            "compute_fit_log_error": {"worst": cfit[0], "median": cfit[1]},
            "delay_pingpong_loaded": pingpong(meta),
            "method": __doc__.strip(),
            "summary": {
                "old model, all measured": summary(multi, [e["predicted_ms"] for e in multi]),
-               "link model (measured compute), fitted on all": summary(
-                   fitted, [predict_entry(e, feats, cal, True) for e in fitted]),
-               "link model (measured compute), cross-validated": summary(
-                   fitted, [predict_entry(e, feats, c, True) for e, c in zip(fitted, cv, strict=True)]),
-               "planner (compute model too), fitted on all": summary(
-                   fitted, [predict_entry(e, feats, cal, False) for e in fitted]),
-               "planner (compute model too), cross-validated": summary(
-                   fitted, [predict_entry(e, feats, c, False) for e, c in zip(fitted, cv, strict=True)]),
+               "link model (measured compute), fitted on all": summary(fitted, preds(fitted, "link_model_ms")),
+               "link model (measured compute), cross-validated": summary(fitted, preds(fitted, "link_model_cv_ms")),
+               "planner (compute model too), fitted on all": summary(fitted, preds(fitted, "planner_ms")),
+               "planner (compute model too), cross-validated": summary(fitted, preds(fitted, "planner_cv_ms")),
            } | ({
                f"link model (measured compute), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
-                   moved, [predict_entry(e, feats, cal, True) for e in moved]),
+                   moved, preds(moved, "link_model_ms")),
                f"planner (compute model too), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
-                   moved, [predict_entry(e, feats, cal, False) for e in moved]),
+                   moved, preds(moved, "planner_ms")),
            } if moved else {}),
            "halves": {h: {k: v for k, v in fits[h][0].__dict__.items() if k != "source"} for h in "AB"},
            "entries": rows}

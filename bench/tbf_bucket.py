@@ -60,13 +60,12 @@ def main() -> int:
                                                   "--timeout", "120", "--threads", "1"], timeout=300, burst=b)
                     measured[b].append(round(rep["latency_ms_median"], 3))
                     print(lf.key(e), b, measured[b][-1], flush=True)
-            def predict(burst: int, e: dict = e) -> float:  # the fit's tc prediction, the committed calibration
-                return round(lf.predict_entry(e, feats, planner.Calibration(), True, burst), 3)
-
+            cal = planner.Calibration()  # the fit's tc prediction (lf.predict_entry) on the committed calibration
+            pred = {b: round(lf.predict_entry(e, feats, cal, True, b), 3) for b in [*bursts, 0]}
             rows.append({"key": lf.key(e), "sweep_measured_ms": round(e["latency_ms_median"], 3),
-                         "buckets": [{"burst_bytes": b, "measured_ms": measured[b], "predicted_ms": predict(b)}
+                         "buckets": [{"burst_bytes": b, "measured_ms": measured[b], "predicted_ms": pred[b]}
                                      for b in bursts],
-                         "predicted_ms_without_bucket": predict(0)})
+                         "predicted_ms_without_bucket": pred[0]})
     out = {"method": __doc__.strip(), "bandwidth_mbit": BW, "entries": rows}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(rows, indent=1))

@@ -84,11 +84,8 @@ def test_fit_split_puts_every_group_in_both_subsets():
 
 
 def test_random_starts_are_seeded_grid_points_best_first():
-    import importlib.util
+    import latency_fit as fit
 
-    spec = importlib.util.spec_from_file_location("latency_fit", Path(latency.__file__).with_name("latency_fit.py"))
-    fit = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fit)
     space = {"a": [0.0, 1.0, 2.0, 3.0], "b": [10.0, 20.0]}
 
     def score(p: dict) -> tuple[float, float]:

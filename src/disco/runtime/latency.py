@@ -180,7 +180,7 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     n = len(progs)
     bw = link.bandwidth_bps
     idx = [0] * n
-    status = ["run"] * n  # run | wait | done
+    status = ["new"] * n  # new (not stepped yet) | run | wait | done
     rem = [0.0] * n
     wake: list[float | None] = [None] * n
     tx_free = [0.0] * n
@@ -232,7 +232,7 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
                     release = tx_free[j] + link.latency_s
                 else:
                     release = t
-                if busy_s and sum(1 for k in range(n) if k != j and status[k] == "run" and idx[k] > 0) + 1 >= cores:
+                if busy_s and sum(1 for k in range(n) if k != j and status[k] == "run") + 1 >= cores:
                     release += busy_s
                 arr = release + delay(nb)
                 last_out[j] = max(last_out[j], arr)
