@@ -115,7 +115,8 @@ def sparsify_cached(runs: Path, dense: Path, data: str, name: str, config: dict,
     _threads(threads)
     print(f"+ sparsify {name}: {json.dumps(config)}", flush=True)
     res = disco.sparsify_checkpoint(dense, data, out, disco.SparsifyConfig(**config))
-    res.update(name=name, epochs=config["epochs"], **fields)
+    res.update(name=name, **fields)
+    res.setdefault("epochs", config["epochs"])
     res_file.write_text(json.dumps(res))
     return res
 

@@ -79,7 +79,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
                          selection=args.selection, **budget_options(args),
                          epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso,
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
-                         batch_size=args.batch_size,
+                         batch_size=args.batch_size, train_images=args.train_images, val_split=args.val_split,
                          optimizer=args.optimizer, weight_decay=args.wd, device=args.device, amp=args.amp,
                          workers=args.workers)
     from . import distributed as D
@@ -315,6 +315,11 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--limit", type=positive_int, help="use only the first LIMIT images of each split (smoke runs)")
     s.add_argument("--train-subset", type=positive_int,
                    help="fine-tune on this many training images (a fixed subset per seed)")
+    s.add_argument("--train-images", type=positive_int,
+                   help="the run's length as images seen instead of --epochs (the last epoch may end early)")
+    s.add_argument("--val-split", type=int, default=0,
+                   help="carve this many training images out as a validation split (val_ metrics; the same "
+                        "images for every seed), for tuning without the test set (default: 0)")
     s.add_argument("--seed", type=int, default=0,
                    help="seeds everything random: data order, augmentation, subset, random links")
     s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice)")

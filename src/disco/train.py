@@ -83,6 +83,7 @@ def fit(
     loss_fn: Callable[[Tensor, Tensor], Tensor],
     *,
     epochs: int,
+    steps: int | None = None,
     lr: float = 0.1,
     weight_decay: float = 5e-4,
     warmup_epochs: float = 1.0,
@@ -103,7 +104,9 @@ def fit(
 
     With ``state_path`` the run checkpoints after every epoch and continues from there
     when started again. ``teacher`` with ``distill_fn`` adds ``distill_weight * distill_fn``.
-    Returns one dict per epoch (loss and whatever ``on_epoch`` measured).
+    Returns one dict per epoch (loss and whatever ``on_epoch`` measured). ``steps`` (optional) ends the run
+    after that many optimiser steps, inside an epoch if need be (the length as images seen, not epochs);
+    ``epochs`` must then be ``ceil(steps / steps per epoch)``.
 
     ``device`` (default: where the model is) and ``amp`` (``"bf16"``/``"fp16"`` autocast, CUDA only)
     choose how it runs; ``channels_last`` (default: on CUDA) sets the memory format of 4-d inputs and
@@ -123,7 +126,10 @@ def fit(
         if channels_last:
             teacher.to(memory_format=torch.channels_last)
     steps_per_epoch = len(train_loader)  # type: ignore[arg-type]
-    total = epochs * steps_per_epoch
+    total = epochs * steps_per_epoch if steps is None else steps
+    if steps is not None and epochs != -(-steps // steps_per_epoch):
+        raise ValueError(f"{steps} steps of {steps_per_epoch} per epoch need {-(-steps // steps_per_epoch)} "
+                         f"epochs, not {epochs}")
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -176,6 +182,8 @@ def fit(
         bar = tqdm(train_loader, desc=f"{desc} {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True,
                    disable=not D.is_main())
         for i, (x, y) in enumerate(bar):
+            if epoch * steps_per_epoch + i >= total:  # the length in steps ends inside this epoch
+                break
             if dev.type != "cpu":
                 x, y = to_device(x, dev, fmt), to_device(y, dev, None)
             with D.autocast(dev, amp):
@@ -203,7 +211,7 @@ def fit(
             bar.set_postfix(loss=f"{recent:.4f}", lr=f"{sched.get_last_lr()[0]:.4g}", refresh=False)
         tot, n = D.all_reduce_sum([tot, float(n)])
         D.sync_buffers(model)
-        rec = {"epoch": epoch + 1, "loss": tot / max(n, 1)}
+        rec = {"epoch": epoch + 1, "loss": tot / max(n, 1), "images": n}
         if on_epoch is not None:
             rec.update(on_epoch(epoch + 1))
         history.append(rec)

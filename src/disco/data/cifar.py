@@ -11,6 +11,8 @@ a ``Dataset`` of PIL images.
 
 from __future__ import annotations
 
+import copy
+
 import hashlib
 import io
 import logging
@@ -168,6 +170,17 @@ class CifarLoader:
         keep = np.sort(np.random.default_rng(seed).permutation(len(self.y))[:n])
         self.x, self.y = self.x[keep], self.y[keep]
         return self
+
+    def holdout(self, n: int) -> CifarLoader:
+        """Carve a validation split: ``n`` images drawn once (the same for every seed and run) leave this
+        loader; returns an unaugmented loader of them (for tuning without the test set)."""
+        if not 0 < n < len(self.y):
+            raise ValueError(f"a validation split of {n} images is not possible from a split of {len(self.y)}")
+        perm = np.random.default_rng(4321).permutation(len(self.y))
+        val = copy.copy(self)
+        val.x, val.y, val.train, val.batch_size = self.x[np.sort(perm[:n])], self.y[np.sort(perm[:n])], False, 500
+        self.x, self.y = self.x[np.sort(perm[n:])], self.y[np.sort(perm[n:])]
+        return val
 
     def _augment(self, x: Tensor) -> Tensor:
         n = x.shape[0]

@@ -52,10 +52,20 @@ class SparsifyConfig:
     every: int = 25  # steps between pruning updates
     limit: int | None = None
     train_subset: int | None = None  # fine-tune on this many training images, a fixed subset per seed
+    train_images: int | None = None  # the run's length as images seen (replaces epochs; may end mid-epoch)
+    val_split: int = 0  # images carved from the training set for validation (val_ metrics), never trained on
     seed: int = 0  # governs everything random: data order, augmentation, random links, init
     device: str | None = None  # auto/None (cuda when present), cpu or cuda
     amp: str | None = None  # bf16 or fp16 autocast (CUDA only)
     workers: int | None = None  # loader worker processes (image-folder task)
+
+
+def _holdout(loader: Any, cfg: SparsifyConfig, task: str) -> Any:
+    if not cfg.val_split:
+        return None
+    if not hasattr(loader, "holdout"):
+        raise ValueError(f"task {task!r} cannot carve a validation split (--val-split)")
+    return loader.holdout(cfg.val_split)
 
 
 def _subset(loader: Any, cfg: SparsifyConfig, task: str) -> Any:
@@ -85,18 +95,22 @@ class Loaders:
     lr: float = 0.02
     weight_decay: float = 5e-4
     optimizer: str = "sgd"
+    val: Iterable[Any] | None = None  # a validation split carved from the training set (val_ metrics)
 
     @classmethod
     def from_task(cls, task: Task, data: str, cfg: SparsifyConfig) -> Loaders:
         """A registered task's loaders (``cfg``'s batch size, limit, training subset and seed), loss, metric
         and fine-tuning defaults, on the dataset folder ``data``."""
         train, test = task.loaders(data, cfg.batch_size, limit=cfg.limit, seed=cfg.seed)
+        val = _holdout(train, cfg, task.name)
         calib = None
         if cfg.selection == "taylor":
-            calib = _subset(task.loaders(data, 64, limit=cfg.limit, seed=cfg.seed + 1)[0], cfg, task.name)
+            calib_train = task.loaders(data, 64, limit=cfg.limit, seed=cfg.seed + 1)[0]
+            _holdout(calib_train, cfg, task.name)
+            calib = _subset(calib_train, cfg, task.name)
         return cls(_subset(train, cfg, task.name), test, task.loss, task.evaluate, task.distill, calib,
                    lr=getattr(task, "finetune_lr", 0.02), weight_decay=getattr(task, "weight_decay", 5e-4),
-                   optimizer=getattr(task, "optimizer", "sgd"))
+                   optimizer=getattr(task, "optimizer", "sgd"), val=val)
 
 
 def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
@@ -117,7 +131,14 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     teacher = copy.deepcopy(model).eval() if cfg.distill > 0 else None
     part = partition(model, example, cfg.nodes, cfg.shares)
     dm = DiscoModel(model, part)
-    steps = cfg.epochs * len(loaders.train)  # type: ignore[arg-type]
+    per_epoch = len(loaders.train)  # type: ignore[arg-type]
+    if cfg.train_images is not None:  # the length as images seen: whole steps, the last epoch cut short
+        if cfg.train_images < cfg.batch_size:
+            raise ValueError(f"train_images={cfg.train_images} is less than one batch of {cfg.batch_size}")
+        steps = -(-cfg.train_images // cfg.batch_size)
+        cfg = replace(cfg, epochs=-(-steps // per_epoch))
+    else:
+        steps = cfg.epochs * per_epoch
     taylor_fn = None
     if cfg.selection == "taylor":
         calib = loaders.calibration if loaders.calibration is not None else loaders.train
@@ -127,8 +148,8 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     lr = cfg.lr if cfg.lr is not None else loaders.lr
     wd = cfg.weight_decay if cfg.weight_decay is not None else loaders.weight_decay
     cfg = replace(cfg, lr=lr, weight_decay=wd)  # the checkpoint records the values used
-    warmup = min(0.3, cfg.epochs)
-    lr_factor = cosine_with_warmup(steps, int(warmup * len(loaders.train)))  # type: ignore[arg-type]
+    warmup = min(0.3, cfg.epochs) if cfg.train_images is None else min(0.3, 0.1 * steps / per_epoch)
+    lr_factor = cosine_with_warmup(steps, int(warmup * per_epoch))
     joint = {"max_flops": cfg.max_flops, "max_weights_per_node": cfg.max_weights_per_node,
              "costs": link_costs(part)} if cfg.budget == "joint" else {}
     if cfg.latency_weight:
@@ -140,7 +161,7 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
         select_options=joint))
     if cfg.epochs == 0:
         pruner(pruner.prune_steps, pruner.prune_steps)
-    hist = fit(dm, loaders.train, loaders.loss, epochs=cfg.epochs, lr=lr, weight_decay=wd,
+    hist = fit(dm, loaders.train, loaders.loss, epochs=cfg.epochs, steps=steps, lr=lr, weight_decay=wd,
                optimizer=cfg.optimizer or loaders.optimizer,
                warmup_epochs=warmup, state_path=state_path,
                teacher=teacher, distill_fn=loaders.distill, distill_weight=cfg.distill, hook=pruner,
@@ -148,11 +169,14 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     if not pruner.done:
         pruner(pruner.prune_steps, pruner.prune_steps)
     metrics = loaders.evaluate(dm, loaders.test) if loaders.evaluate and loaders.test is not None else {}
+    if loaders.evaluate and loaders.val is not None:
+        metrics.update({f"val_{k}": v for k, v in loaders.evaluate(dm, loaders.val).items()})
     rep = estimate(part, dm.kept)
     result = {
         "nodes": cfg.nodes, "shares": list(part.shares) if part.shares else None,
         "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
         "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
+        "train_images_seen": int(sum(h.get("images", 0) for h in hist)), "epochs": cfg.epochs,
         "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
         "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
         "params_dense": rep.params_dense, "messages_per_inference": rep.messages_per_inference,

@@ -1,0 +1,90 @@
+"""The long protocol: CIFAR ResNet-20 fine-tuned on the whole training set, its length given as images seen.
+
+Every run starts from the committed dense checkpoint (src/disco/assets/cifar_resnet20_dense.safetensors), trains
+on the training set less a fixed validation split of 5,000 images (``val_top1``: the split to tune on; ``top1``
+is the whole test set, never tuned on), lasso selection unless a row says otherwise, distillation 0.5 from the
+dense model, SGD lr 0.02 cosine, r lowered over the first half of the run. The runs are a list in priority
+order (the targets' lengths first); finished runs are skipped (``runs/selection_long/NAME.json``), a run
+stopped midway resumes from its last finished epoch, and results/cifar10_selection_long.json is rewritten after
+every run, so the sweep can span several sessions. Two processes run side by side, one thread each.
+
+    OMP_NUM_THREADS=1 nice -n 5 python recipes/selection/long.py --data ../shared/data/cifar10
+    python recipes/selection/long.py --data ../shared/data/cifar10 --only joint   # rows whose name has 'joint'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "recipes"))
+from common import sparsify_cached  # noqa: E402
+
+DENSE = ROOT / "src" / "disco" / "assets" / "cifar_resnet20_dense.safetensors"
+VAL_SPLIT = 5000
+LENGTHS = (250_000, 100_000, 10_000)  # images seen; the targets' length first
+FIELDS = ("name", "budget", "selection", "nodes", "ratio", "target_ratio", "seed", "train_images_seen", "epochs",
+          "train_subset", "val_split", "distill", "top1", "val_top1", "flops_total", "flops_dense",
+          "params_per_node", "params_dense", "bytes", "dense_bytes", "messages_per_inference")
+
+
+def rows() -> list[tuple[str, dict]]:
+    """(name, SparsifyConfig fields) of every run, in the order they are run."""
+    out = []
+    for images in LENGTHS:  # N=2 r=0.2: the global and the joint budget, the curves
+        for seed in (0, 1, 2):
+            for budget in ("joint", "global"):
+                out.append((f"n2_r0.2_{budget}_lasso_i{images // 1000}k_s{seed}",
+                            {"nodes": 2, "ratio": 0.2, "budget": budget, "selection": "lasso", "seed": seed,
+                             "train_images": images}))
+        if images == LENGTHS[0]:  # N=4 r=0.1: lasso against random at the longest length
+            for seed in (0, 1, 2):
+                for sel in ("lasso", "random"):
+                    out.append((f"n4_r0.1_global_{sel}_i{images // 1000}k_s{seed}",
+                                {"nodes": 4, "ratio": 0.1, "budget": "global", "selection": sel, "seed": seed,
+                                 "train_images": images}))
+    return out
+
+
+def run_one(runs: Path, data: str, name: str, cfg: dict) -> dict:
+    config = {"epochs": 1, "distill": 0.5, "val_split": VAL_SPLIT, **cfg}
+    return sparsify_cached(runs, DENSE, data, name, config, 1, seed=cfg["seed"], train_subset=None,
+                           distill=config["distill"], val_split=VAL_SPLIT)
+
+
+def collect(runs: Path, result: Path) -> None:
+    """Every finished run of ``runs`` into ``result`` with the fields above, sorted."""
+    entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
+    out = [{k: e.get(k) for k in FIELDS} for e in entries]
+    out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["train_images_seen"] or 0, e["seed"]))
+    result.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True)
+    p.add_argument("--only", default="", help="run only the rows whose name contains this")
+    p.add_argument("--workers", type=int, default=2, help="runs side by side, one thread each (default: 2)")
+    p.add_argument("--runs", default=str(ROOT / "runs" / "selection_long"))
+    p.add_argument("--result", default=str(ROOT / "results" / "cifar10_selection_long.json"))
+    a = p.parse_args()
+    runs, result = Path(a.runs), Path(a.result)
+    runs.mkdir(parents=True, exist_ok=True)
+    todo = [(n, c) for n, c in rows() if a.only in n and not (runs / f"{n}.json").is_file()]
+    print(f"{len(todo)} run(s) to do", flush=True)
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that has started torch threads
+    with ProcessPoolExecutor(max(1, a.workers), mp_context=ctx) as pool:
+        futures = [pool.submit(run_one, runs, a.data, n, c) for n, c in todo]
+        for f in futures:
+            f.result()
+            collect(runs, result)
+    collect(runs, result)
+
+
+if __name__ == "__main__":
+    main()
