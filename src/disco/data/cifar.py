@@ -12,7 +12,6 @@ a ``Dataset`` of PIL images.
 from __future__ import annotations
 
 import copy
-
 import hashlib
 import io
 import logging
