@@ -227,9 +227,15 @@ def _joint(part: Partition, scores: np.ndarray, ratio: float, cand: np.ndarray, 
             else:
                 lo = mid
     if best_b < need:
-        log.warning("joint budget: the FLOPs or weight caps bind before the byte budget fills; r = %.4f instead "
-                    "of %.4f", best_b / part.dense_values(), ratio)
+        msg = (f"joint budget: the FLOPs or weight caps bind before the byte budget fills; r = "
+               f"{best_b / part.dense_values():.4f} instead of {ratio:.4f}")
+        if msg not in _WARNED:  # gradual pruning selects every few steps: say it once per process
+            _WARNED.add(msg)
+            log.warning(msg)
     return best
+
+
+_WARNED: set[str] = set()
 
 
 def cubic_ratio(step: int, total: int, target: float) -> float:
