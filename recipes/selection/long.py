@@ -48,6 +48,10 @@ def rows() -> list[tuple[str, dict]]:
                     out.append((f"n4_r0.1_global_{sel}_i{images // 1000}k_s{seed}",
                                 {"nodes": 4, "ratio": 0.1, "budget": "global", "selection": sel, "seed": seed,
                                  "train_images": images}))
+    for seed in (0, 1, 2):  # N=2 separated branches (r=0) at the longest length: the joint target's floor
+        out.append((f"n2_r0_separated_i{LENGTHS[0] // 1000}k_s{seed}",
+                    {"nodes": 2, "ratio": 0.0, "budget": "global", "selection": "lasso", "seed": seed,
+                     "train_images": LENGTHS[0]}))
     return out
 
 
