@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from disco.checkpoint import CheckpointError, load_checkpoint
+from disco.checkpoint import load_checkpoint
+from disco.errors import RefusedError
 from disco.graph import partition
 from disco.loading import load, load_into, save_disco
 from disco.masks import DiscoModel
@@ -50,15 +51,15 @@ def test_plain_weights_load_without_disco(saved):
 
 def test_refuses_another_n(saved):
     _, path = saved
-    with pytest.raises(CheckpointError, match="N=2 nodes; this model is split over N=3"):
+    with pytest.raises(RefusedError, match="N=2 nodes; this model is split over N=3"):
         load_into(_disco(nodes=3), path, "cifar_resnet8")
 
 
 def test_refuses_another_model(saved):
     _, path = saved
-    with pytest.raises(CheckpointError, match="holds model 'cifar_resnet8', not 'cifar_resnet20'"):
+    with pytest.raises(RefusedError, match="holds model 'cifar_resnet8', not 'cifar_resnet20'"):
         load_into(_disco("cifar_resnet20"), path, "cifar_resnet20")
-    with pytest.raises(CheckpointError):
+    with pytest.raises(RefusedError):
         load_into(_disco("cifar_resnet20"), path)  # no name given: the partition fingerprint differs
 
 
@@ -82,7 +83,7 @@ def test_refuses_damaged_files(saved, where):
     else:
         raw = raw[: len(raw) // 2]
     path.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match="damaged|not a safetensors|not valid JSON"):
+    with pytest.raises(RefusedError, match="damaged|not a safetensors|not valid JSON"):
         load_checkpoint(path)
 
 
@@ -91,9 +92,9 @@ def test_refuses_foreign_safetensors(tmp_path):
 
     p = tmp_path / "x.safetensors"
     save_file({"a": torch.zeros(2)}, str(p))
-    with pytest.raises(CheckpointError, match="not a DISCO checkpoint"):
+    with pytest.raises(RefusedError, match="not a DISCO checkpoint"):
         load(p)
-    with pytest.raises(CheckpointError, match="does not exist"):
+    with pytest.raises(RefusedError, match="does not exist"):
         load(tmp_path / "missing.safetensors")
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from disco import validate as v
 from disco.cli import main
+from disco.errors import RefusedError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "src" / "disco" / "assets" / "cifar_resnet20_n2_r0.2.safetensors"
@@ -42,7 +43,7 @@ def test_bandwidth_units(s, bps):
 
 @pytest.mark.parametrize("s", ["100mb", "100MB/s", "2", "0", "0mbit", "-5mbit", "fast", ""])
 def test_bandwidth_refused(s):
-    with pytest.raises(v.InputError):
+    with pytest.raises(RefusedError):
         v.parse_bandwidth(s)
 
 
@@ -53,7 +54,7 @@ def test_latency_units(s, sec):
 
 @pytest.mark.parametrize("s", ["2", "0", "-2ms", "2 min", ""])
 def test_latency_refused(s):
-    with pytest.raises(v.InputError):
+    with pytest.raises(RefusedError):
         v.parse_latency(s)
 
 
@@ -62,7 +63,7 @@ def test_numbers_and_codecs():
     for bad in (lambda: v.check_nodes(1), lambda: v.check_nodes(0), lambda: v.check_ratio(1.01),
                 lambda: v.check_ratio(-0.1), lambda: v.check_positive(0, "--epochs"),
                 lambda: v.check_codec("fp8"), lambda: v.parse_shape("1,3,0,32"), lambda: v.parse_shape("a,b")):
-        with pytest.raises(v.InputError):
+        with pytest.raises(RefusedError):
             bad()
     assert [v.check_codec(c) for c in ("fp32", "fp16", "bf16", "int8")] == ["fp32", "fp16", "bf16", "int8"]
 
@@ -152,7 +153,7 @@ def test_damaged_shard_one_line_exit_2(capsys, export_dir, tmp_path):
 
 
 def test_launch_checks_codec_before_start(export_dir):
-    from disco.runtime.errors import RefusedError
+    from disco.errors import RefusedError
     from disco.runtime.launch import launch
 
     with pytest.raises(RefusedError, match="fp8"):
@@ -169,7 +170,7 @@ def test_out_parent_created_and_help_shows_defaults(capsys, tmp_path):
 
     p = prepare_output(tmp_path / "runs" / "deeper" / "x.safetensors")
     assert p.parent.is_dir()
-    with pytest.raises(v.InputError):
+    with pytest.raises(RefusedError):
         prepare_output(tmp_path)
     for cmd in ("train", "sparsify", "cost", "eval", "demo", "export", "run"):
         assert main([cmd, "--help"]) == 0
@@ -186,7 +187,7 @@ def test_sr_data_pointing_at_one_set(capsys, tmp_path):
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(s5 / "a.png")
     from disco.tasks import get_task
 
-    with pytest.raises(v.InputError, match="one evaluation set"):
+    with pytest.raises(RefusedError, match="one evaluation set"):
         get_task("sr_x4").loaders(str(tmp_path / "set5"), 2)
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from disco.checkpoint import pack_bits, unpack_bits
+from disco.errors import EXIT_REFUSED, exit_code
 from disco.graph import partition
 from disco.masks import DiscoModel
 from disco.models import build_model
-from disco.runtime.errors import EXIT_REFUSED, exit_code
 from disco.runtime.export import ShardError, export, load_node, read_manifest
 from disco.runtime.node import _load_input
 

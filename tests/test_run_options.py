@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from disco.runtime.errors import EXIT_FAILED, EXIT_REFUSED, Interrupted, RefusedError, RunFailure, exit_code
+from disco.errors import EXIT_FAILED, EXIT_REFUSED, Interrupted, RefusedError, RunFailure, exit_code
 from disco.runtime.export import ShardError
 from disco.runtime.launch import LaunchError, failure_message, node_command, node_reason
 from disco.runtime.node import build_parser

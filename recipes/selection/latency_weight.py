@@ -83,7 +83,7 @@ def measure(a: argparse.Namespace, latency_weight: float, rep: object) -> dict:
     import tempfile
 
     import disco
-    from disco.runtime.cli import export_model_name
+    from disco.api import export_model_name
 
     with tempfile.TemporaryDirectory(prefix="disco-lw-") as d:
         man = export_model_name(a.model, d, a.nodes, a.ratio, None, latency_weight=latency_weight)

@@ -138,14 +138,14 @@ def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str
     """
     from . import distributed as D
     from .checkpoint import Checkpoint, save_checkpoint
+    from .errors import RefusedError
     from .models import build_model
     from .seed import seed_everything
     from .tasks import get_task
     from .train import fit
-    from .validate import InputError
 
     if epochs == 0 and weights is None:
-        raise InputError("--epochs must be > 0 unless --weights gives the checkpoint to write "
+        raise RefusedError("--epochs must be > 0 unless --weights gives the checkpoint to write "
                          "(--epochs 0 with no --weights would write an untrained model)")
     options = dict(task=task, data=str(data), out=str(out), model=model,
                    weights=None if weights is None else str(weights), epochs=epochs, lr=lr, wd=weight_decay,
@@ -259,6 +259,43 @@ def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | d
     return _export(model, model.partition, model.kept, out_dir, _arch_spec(arch), codec=codec, probe=probe)
 
 
+def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
+                      input_shape: tuple[int, ...] | None = None, shares: tuple[float, ...] | None = None,
+                      budget: str = "global", codec: str = "fp32", weights: str | None = None, seed: int = 0,
+                      latency_weight: float = 0.0) -> dict[str, Any]:
+    """The pipeline name -> partition -> select -> export for a bare architecture (random init, or the state dict
+    ``weights``) with links chosen by weight magnitude at ``ratio``, as ``disco cost MODEL`` costs it: for latency
+    and memory, not for accuracy. ``latency_weight``: bytes charged per message kept (the global budget's
+    ``--latency-weight``). Returns the manifest."""
+    import torch
+
+    from .errors import RefusedError
+    from .models import build_model
+    from .runtime.export import export as _export
+    from .sparsify import magnitude_scores
+    from .sparsify import select_links as _select
+    from .validate import check_input_shape, check_nodes_fit, default_input_shape
+
+    torch.manual_seed(seed)
+    model = build_model(name, weights=weights).eval()
+    input_shape = input_shape or default_input_shape(name, model)
+    check_input_shape(model, input_shape, name)
+    check_nodes_fit(model, nodes, name)
+    if shares and len(shares) != nodes:
+        raise RefusedError(f"--shares has {len(shares)} values for --nodes {nodes}")
+    if latency_weight and budget != "global":
+        raise RefusedError("--latency-weight applies to the global budget only")
+    part = _partition(model, tuple(input_shape), nodes, shares)
+    dm = DiscoModel(model, part)
+    kept = (_select(part, magnitude_scores(dm), ratio, budget, latency_weight=latency_weight / 4)
+            if ratio < 1 else part.all_links())
+    dm.set_kept(kept)
+    lw = f", latency weight {latency_weight:g} bytes per message" if latency_weight else ""
+    return _export(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
+                   info={"source": f"model name {name}, {'given weights' if weights else 'random init'}, "
+                                   f"magnitude links at r={ratio:g} ({budget} budget{lw})"})
+
+
 def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, options: Any = None,
         progress: Callable[[int, int], None] | None = None,
         **kw: Any) -> dict[str, Any]:
@@ -271,10 +308,10 @@ def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, opti
     ``data``/``limit`` (also run the task's test split), ``warmup``, ``iters``, ``stream``, ``timeout``,
     ``startup_timeout``, ``threads``. ``run_timeout`` bounds the whole run; ``progress(done, total)`` is called
     while the test split of ``data`` runs. Raises
-    :class:`disco.runtime.errors.RefusedError` (a ``ValueError``) for options, an export or an input that do not
+    :class:`disco.errors.RefusedError` (a ``ValueError``) for options, an export or an input that do not
     fit (nothing started) and :class:`disco.runtime.launch.LaunchError` when a node fails or refuses.
     """
-    from .runtime.errors import RefusedError
+    from .errors import RefusedError
     from .runtime.export import read_manifest
     from .runtime.launch import launch
     from .runtime.node import _load_input

@@ -20,14 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import RefusedError
+
 log = logging.getLogger(__name__)
 
 FORMAT = "disco-checkpoint"
 VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is damaged, of another format, or does not fit what it is loaded into."""
 
 
 @dataclass
@@ -54,6 +52,12 @@ class Checkpoint:
 
 def pack_bits(mask: np.ndarray) -> str:
     return base64.b64encode(np.packbits(mask.astype(bool)).tobytes()).decode()
+
+
+def is_checkpoint(source: str | Path) -> bool:
+    """Whether a command's model argument names a checkpoint file (``*.safetensors`` or an existing file)
+    rather than a model name: the one place every command decides it."""
+    return str(source).endswith(".safetensors") or Path(source).is_file()
 
 
 def unpack_bits(data: str, n: int) -> np.ndarray:
@@ -97,22 +101,22 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise RefusedError(f"checkpoint {path} does not exist")
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get("disco")
     except Exception as e:  # safetensors raises several types for a broken header
-        raise CheckpointError(f"checkpoint {path} is damaged or not a safetensors file: {e}") from e
+        raise RefusedError(f"checkpoint {path} is damaged or not a safetensors file: {e}") from e
     if raw is None:
-        raise CheckpointError(f"{path} is a safetensors file but not a DISCO checkpoint (no 'disco' metadata)")
+        raise RefusedError(f"{path} is a safetensors file but not a DISCO checkpoint (no 'disco' metadata)")
     try:
         meta = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint {path}: metadata is not valid JSON ({e})") from e
+        raise RefusedError(f"checkpoint {path}: metadata is not valid JSON ({e})") from e
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        raise RefusedError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if meta.get("version") != VERSION:
-        raise CheckpointError(f"{path}: format version {meta.get('version')}, this disco reads {VERSION}")
+        raise RefusedError(f"{path}: format version {meta.get('version')}, this disco reads {VERSION}")
     return meta
 
 
@@ -124,9 +128,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         state = load_file(str(path))
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} is damaged: {e}") from e
+        raise RefusedError(f"checkpoint {path} is damaged: {e}") from e
     if state_digest(state) != meta["sha256"]:
-        raise CheckpointError(f"checkpoint {path} is damaged: tensor checksum does not match its header")
+        raise RefusedError(f"checkpoint {path} is damaged: tensor checksum does not match its header")
     return Checkpoint(
         model=meta["model"], state_dict=state, input_shape=meta["input_shape"], task=meta.get("task"),
         disco=meta.get("disco"), info=meta.get("info") or {},

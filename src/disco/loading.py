@@ -7,7 +7,8 @@ from pathlib import Path
 
 from torch import nn
 
-from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, pack_bits, save_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, pack_bits, save_checkpoint
+from .errors import RefusedError
 from .graph import Partition, partition
 from .masks import DiscoModel
 from .models import build_model
@@ -24,7 +25,7 @@ def _plain(ckpt: Checkpoint, path: Path) -> nn.Module:
     model = build_model(ckpt.model["name"], **ckpt.model.get("kwargs", {}))
     missing, unexpected = model.load_state_dict(ckpt.state_dict, strict=False)
     if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not fit model {ckpt.model['name']}: missing "
+        raise RefusedError(f"{path}: weights do not fit model {ckpt.model['name']}: missing "
                               f"{list(missing)[:3]}, unexpected {list(unexpected)[:3]}")
     return model
 
@@ -44,7 +45,7 @@ def load(path: str | Path) -> Loaded:
 
 def _check_fingerprint(ckpt: Checkpoint, part: Partition, path: Path) -> None:
     if part.n_links != ckpt.disco["n_links"] or part.fingerprint() != ckpt.disco["fingerprint"]:
-        raise CheckpointError(
+        raise RefusedError(
             f"{path}: the partition of {ckpt.model['name']} for N={ckpt.nodes} differs from the one the checkpoint "
             "was made with (another disco version or model definition)")
 
@@ -54,19 +55,19 @@ def load_into(dm: DiscoModel, path: str | Path, model_name: str | None = None) -
     path = Path(path)
     ckpt = load_checkpoint(path)
     if model_name is not None and ckpt.model["name"] != model_name:
-        raise CheckpointError(f"{path} holds model {ckpt.model['name']!r}, not {model_name!r}")
+        raise RefusedError(f"{path} holds model {ckpt.model['name']!r}, not {model_name!r}")
     if ckpt.disco is None:
-        raise CheckpointError(f"{path} is a dense checkpoint; it has no kept links to load into a DISCO model")
+        raise RefusedError(f"{path} is a dense checkpoint; it has no kept links to load into a DISCO model")
     if ckpt.nodes != dm.partition.nodes:
-        raise CheckpointError(f"{path} is for N={ckpt.nodes} nodes; this model is split over N={dm.partition.nodes}")
+        raise RefusedError(f"{path} is for N={ckpt.nodes} nodes; this model is split over N={dm.partition.nodes}")
     if tuple(ckpt.disco.get("shares") or ()) != tuple(dm.partition.shares or ()):
-        raise CheckpointError(f"{path} has node shares {ckpt.disco.get('shares')}; this model's are "
+        raise RefusedError(f"{path} has node shares {ckpt.disco.get('shares')}; this model's are "
                               f"{dm.partition.shares}")
     _check_fingerprint(ckpt, dm.partition, path)
     plain = {k: v for k, v in ckpt.state_dict.items()}
     target = dm.plain_state_dict()
     if set(plain) != set(target) or any(plain[k].shape != target[k].shape for k in plain):
-        raise CheckpointError(f"{path}: weights do not fit this model ({ckpt.model['name']})")
+        raise RefusedError(f"{path}: weights do not fit this model ({ckpt.model['name']})")
     dm.set_kept(ckpt.kept())
     for ly in dm.partition.layers:
         mod = dm.model.get_submodule(ly.name)
@@ -74,7 +75,7 @@ def load_into(dm: DiscoModel, path: str | Path, model_name: str | None = None) -
     missing, unexpected = dm.model.load_state_dict(plain, strict=False)
     bad = [k for k in unexpected]
     if bad:
-        raise CheckpointError(f"{path}: unexpected weights {bad[:3]}")
+        raise RefusedError(f"{path}: unexpected weights {bad[:3]}")
     return ckpt
 
 

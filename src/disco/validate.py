@@ -1,7 +1,7 @@
 """One place that checks every user-supplied value, before any work starts.
 
 Every ``disco`` command (and the node program) reads its options through these checks. A refused
-value raises :class:`InputError` (a ``ValueError``), which the command line turns into one line on
+value raises :class:`~disco.errors.RefusedError` (a ``ValueError``), which the command line turns into one line on
 stderr and exit code 2. The ``*_arg`` functions are the same checks shaped as ``argparse`` types, so
 a bad value is refused while the arguments are parsed.
 
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-from .runtime.errors import RefusedError
+from .errors import RefusedError
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +33,15 @@ CODEC_NAMES = ("fp32", "fp16", "bf16", "int8")
 DEFAULT_INPUT_SHAPE = (1, 3, 224, 224)  # torchvision/timm models without a better-known size
 
 
-class InputError(RefusedError):
-    """A value the user gave was refused (a ``ValueError``; the command line prints it in one line, exit 2)."""
-
-
 # ---- numbers ----------------------------------------------------------------------------------
 
 def check_nodes(nodes: int, *, minimum: int = 2, what: str = "--nodes") -> int:
     """N as an int >= ``minimum`` (2 where a split is meant: one node is not a split)."""
     if isinstance(nodes, bool) or not isinstance(nodes, int):
-        raise InputError(f"{what} must be a whole number, got {nodes!r}")
+        raise RefusedError(f"{what} must be a whole number, got {nodes!r}")
     if nodes < minimum:
         extra = " (one node is not a split: use the dense model)" if minimum == 2 and nodes == 1 else ""
-        raise InputError(f"{what} must be >= {minimum}, got {nodes}{extra}")
+        raise RefusedError(f"{what} must be >= {minimum}, got {nodes}{extra}")
     return nodes
 
 
@@ -53,7 +49,7 @@ def check_ratio(ratio: float, what: str = "--ratio") -> float:
     """A communication ratio r in [0, 1] (0 = separated branches, 1 = dense)."""
     r = _number(ratio, what)
     if not 0.0 <= r <= 1.0:
-        raise InputError(f"{what} must be in [0, 1] (0 = separated branches, 1 = dense), got {ratio}")
+        raise RefusedError(f"{what} must be in [0, 1] (0 = separated branches, 1 = dense), got {ratio}")
     return r
 
 
@@ -63,7 +59,7 @@ def check_positive(value: T, what: str, *, allow_none: bool = True) -> T:
         return value
     v = _number(value, what)
     if not v > 0:
-        raise InputError(f"{what} must be > 0, got {value}")
+        raise RefusedError(f"{what} must be > 0, got {value}")
     return value
 
 
@@ -73,7 +69,7 @@ def check_nonnegative(value: T, what: str) -> T:
         return value
     v = _number(value, what)
     if v < 0:
-        raise InputError(f"{what} must be >= 0, got {value}")
+        raise RefusedError(f"{what} must be >= 0, got {value}")
     return value
 
 
@@ -81,9 +77,9 @@ def _number(value: Any, what: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise InputError(f"{what} must be a number, got {value!r}") from None
+        raise RefusedError(f"{what} must be a number, got {value!r}") from None
     if math.isnan(v) or math.isinf(v):
-        raise InputError(f"{what} must be a finite number, got {value!r}")
+        raise RefusedError(f"{what} must be a finite number, got {value!r}")
     return v
 
 
@@ -102,13 +98,13 @@ def parse_bandwidth(s: str | None) -> float | None:
     m = _BW.match(text)
     if not m:
         if re.match(r"^-", text):
-            raise InputError(f"bandwidth must be positive, got {s!r}")
+            raise RefusedError(f"bandwidth must be positive, got {s!r}")
         hint = (" (a byte unit or no unit is ambiguous: write bits, e.g. 100mbit)"
                 if re.match(r"^[0-9.]+\s*[kmgt]?(b|byte|bytes|b/s)?$", text, re.I) else "")
-        raise InputError(f"cannot parse bandwidth {s!r}{hint}; write e.g. 10mbit, 100mbit, 1gbit")
+        raise RefusedError(f"cannot parse bandwidth {s!r}{hint}; write e.g. 10mbit, 100mbit, 1gbit")
     bps = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
     if bps <= 0:
-        raise InputError(f"bandwidth must be > 0, got {s!r} (leave --bandwidth out for an unshaped link)")
+        raise RefusedError(f"bandwidth must be > 0, got {s!r} (leave --bandwidth out for an unshaped link)")
     return bps
 
 
@@ -120,16 +116,16 @@ def parse_latency(s: str | None) -> float:
     m = _LAT.match(text)
     if not m:
         if text.startswith("-"):
-            raise InputError(f"latency must be >= 0, got {s!r}")
+            raise RefusedError(f"latency must be >= 0, got {s!r}")
         hint = " (a bare number has no unit)" if re.match(r"^[0-9.]+$", text) else ""
-        raise InputError(f"cannot parse latency {s!r}{hint}; write e.g. 2ms, 500us, 0.01s")
+        raise RefusedError(f"cannot parse latency {s!r}{hint}; write e.g. 2ms, 500us, 0.01s")
     return float(m.group(1)) * {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2).lower()]
 
 
 def check_codec(name: str) -> str:
     """A wire codec name: fp32, fp16, bf16 or int8."""
     if name not in CODEC_NAMES:
-        raise InputError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")
+        raise RefusedError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")
     return name
 
 
@@ -140,9 +136,9 @@ def parse_shape(s: str | Sequence[int]) -> tuple[int, ...]:
     try:
         shape = tuple(int(v) for v in (s.split(",") if isinstance(s, str) else s))
     except (TypeError, ValueError):
-        raise InputError(f"expected comma-separated integers like 1,3,32,32, got {s!r}") from None
+        raise RefusedError(f"expected comma-separated integers like 1,3,32,32, got {s!r}") from None
     if not shape or any(v <= 0 for v in shape):
-        raise InputError(f"every size of an input shape must be > 0, got {s!r}")
+        raise RefusedError(f"every size of an input shape must be > 0, got {s!r}")
     return shape
 
 
@@ -153,14 +149,14 @@ def default_input_shape(name: str, model: nn.Module | None = None) -> tuple[int,
     shape = registered_input_shape(name)
     if shape is not None:
         return shape
-    from .tasks.registry import _TASKS
+    from .tasks import task_for_model
 
-    for task in _TASKS.values():
-        if getattr(task, "default_model", None) == name:
-            shape = task.input_shape
-            if isinstance(shape, property):  # a task whose shape follows its settings (image folder)
-                shape = task().input_shape
-            return tuple(shape)
+    task = task_for_model(name)
+    if task is not None:
+        shape = task.input_shape
+        if isinstance(shape, property):  # a task whose shape follows its settings (image folder)
+            shape = task().input_shape
+        return tuple(shape)
     if model is not None:
         cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
         size = cfg.get("input_size") if isinstance(cfg, dict) else None
@@ -196,10 +192,10 @@ def check_input_shape(model: nn.Module, shape: Sequence[int], name: str = "the m
         if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             rank = 3 if isinstance(layer, nn.Conv1d) else 5 if isinstance(layer, nn.Conv3d) else 4
             if len(shape) != rank:
-                raise InputError(f"{name} takes a {rank}-d input (batch, channels, ...), got input shape "
+                raise RefusedError(f"{name} takes a {rank}-d input (batch, channels, ...), got input shape "
                                  f"{_fmt(shape)}; e.g. {_fmt(default_input_shape(name, model))}")
             if shape[1] != layer.in_channels:
-                raise InputError(f"{name} takes {layer.in_channels} input channels (its first layer {lname}), "
+                raise RefusedError(f"{name} takes {layer.in_channels} input channels (its first layer {lname}), "
                                  f"got input shape {_fmt(shape)}")
     if probe:
         x = torch.zeros((1, *shape[1:]))
@@ -211,7 +207,7 @@ def check_input_shape(model: nn.Module, shape: Sequence[int], name: str = "the m
                 model.train(was)
         except Exception as e:  # the model's own forward refuses the shape
             msg = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
-            raise InputError(f"{name} cannot take input shape {_fmt(shape)}: {msg}; its usual shape is "
+            raise RefusedError(f"{name} cannot take input shape {_fmt(shape)}: {msg}; its usual shape is "
                              f"{_fmt(default_input_shape(name, model))}") from None
     return shape
 
@@ -228,7 +224,7 @@ def check_nodes_fit(model: nn.Module, nodes: int, name: str = "the model") -> No
         return
     widest = max(w for _, w in widths)
     if nodes > widest:
-        raise InputError(f"--nodes {nodes} is more than the widest layer of {name} ({widest} channels): "
+        raise RefusedError(f"--nodes {nodes} is more than the widest layer of {name} ({widest} channels): "
                          f"{nodes - widest} nodes would own nothing")
     lname, narrow = min(widths, key=lambda t: t[1])
     if nodes > narrow:
@@ -243,7 +239,7 @@ def prepare_output(path: str | Path, create: bool = True) -> Path:
     ``create=False`` the caller creates them once the other inputs are checked)."""
     out = Path(path)
     if out.is_dir():
-        raise InputError(f"--out {path} is a folder; give a file name, e.g. {out / 'model.safetensors'}")
+        raise RefusedError(f"--out {path} is a folder; give a file name, e.g. {out / 'model.safetensors'}")
     if create:
         out.parent.mkdir(parents=True, exist_ok=True)
     return out
@@ -253,9 +249,9 @@ def check_data_folder(path: str | Path, what: str = "--data") -> Path:
     """A dataset folder that exists (the layout itself is checked by the task's loader)."""
     p = Path(path)
     if not p.exists():
-        raise InputError(f"{what} {path} does not exist")
+        raise RefusedError(f"{what} {path} does not exist")
     if not p.is_dir():
-        raise InputError(f"{what} {path} is not a folder")
+        raise RefusedError(f"{what} {path} is not a folder")
     return p
 
 
@@ -267,7 +263,7 @@ def as_arg(fn: Callable[[str], T], name: str | None = None) -> Callable[[str], T
     def conv(s: str) -> T:
         try:
             return fn(s)
-        except InputError as e:
+        except RefusedError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     conv.__name__ = name or fn.__name__
@@ -278,34 +274,34 @@ def _int(s: str) -> int:
     try:
         return int(s)
     except ValueError:
-        raise InputError(f"expected a whole number, got {s!r}") from None
+        raise RefusedError(f"expected a whole number, got {s!r}") from None
 
 
 def _positive_int(s: str) -> int:
     v = _int(s)
     if v <= 0:
-        raise InputError(f"must be > 0, got {s}")
+        raise RefusedError(f"must be > 0, got {s}")
     return v
 
 
 def _nonnegative_int(s: str) -> int:
     v = _int(s)
     if v < 0:
-        raise InputError(f"must be >= 0, got {s}")
+        raise RefusedError(f"must be >= 0, got {s}")
     return v
 
 
 def _positive_float(s: str) -> float:
     v = _number(s, "value")
     if v <= 0:
-        raise InputError(f"must be > 0, got {s}")
+        raise RefusedError(f"must be > 0, got {s}")
     return v
 
 
 def _nonnegative_float(s: str) -> float:
     v = _number(s, "value")
     if v < 0:
-        raise InputError(f"must be >= 0, got {s}")
+        raise RefusedError(f"must be >= 0, got {s}")
     return v
 
 
@@ -320,7 +316,7 @@ def _ratio(s: str) -> float:
 def _fraction(s: str) -> float:
     v = _number(s, "value")
     if not 0.0 <= v <= 1.0:
-        raise InputError(f"must be in [0, 1], got {s}")
+        raise RefusedError(f"must be in [0, 1], got {s}")
     return v
 
 
@@ -329,9 +325,9 @@ def parse_shares(s: str) -> tuple[float, ...]:
     try:
         v = tuple(float(x) for x in s.split(","))
     except ValueError:
-        raise InputError(f"expected comma-separated positive numbers like 2,1, got {s!r}") from None
+        raise RefusedError(f"expected comma-separated positive numbers like 2,1, got {s!r}") from None
     if len(v) < 2 or not all(x > 0 and math.isfinite(x) for x in v):
-        raise InputError(f"shares must be two or more positive numbers, got {s!r}")
+        raise RefusedError(f"shares must be two or more positive numbers, got {s!r}")
     return v
 
 

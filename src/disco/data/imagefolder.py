@@ -7,7 +7,7 @@ imagenette224 copy): they are unpacked once into the cache (``$DISCO_CACHE`` or
 Bad input:
 
 - no ``train``/``val`` folder, a split without class subfolders, a class folder without any image
-  (by extension): :class:`DataError` (a ``ValueError``) naming the folder;
+  (by extension): :class:`~disco.errors.RefusedError` naming the folder;
 - files without an image extension are ignored (as ``ImageFolder`` does);
 - an image file that cannot be decoded is *skipped*: the next readable image of the split takes its
   place in the batch (so every batch, and every rank under torchrun, keeps its size) and the loader
@@ -30,15 +30,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import RefusedError
+
 log = logging.getLogger(__name__)
 
 MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics (what torchvision and timm weights expect)
 STD = (0.229, 0.224, 0.225)
 SPLITS = ("train", "val")
-
-
-class DataError(ValueError):
-    """The image folder is missing, empty or malformed (one line, names the folder)."""
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
@@ -62,7 +60,7 @@ def _unpack(tar: Path, cache: Path | None) -> Path:
             tf.extractall(tmp, filter="data")
     except (tarfile.TarError, OSError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"{tar}: cannot unpack ({e})") from e
+        raise RefusedError(f"{tar}: cannot unpack ({e})") from e
     try:
         tmp.rename(dest)
     except OSError:  # another process (another rank) got there first
@@ -74,7 +72,7 @@ def split_dir(root: str | Path, split: str, cache: str | Path | None = None) -> 
     """The folder of ``split`` (``train`` or ``val``) under ``root``, unpacking ``root/split.tar`` if needed."""
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"data folder {root} does not exist")
+        raise RefusedError(f"data folder {root} does not exist")
     d = root / split
     if d.is_dir():
         return d
@@ -84,7 +82,7 @@ def split_dir(root: str | Path, split: str, cache: str | Path | None = None) -> 
         if (unpacked / split).is_dir():
             return unpacked / split
         return unpacked
-    raise DataError(f"{root} has no {split}/ folder (DIR/{split}/<class>/<image>) and no {split}.tar")
+    raise RefusedError(f"{root} has no {split}/ folder (DIR/{split}/<class>/<image>) and no {split}.tar")
 
 
 def find_classes(folder: Path) -> list[str]:
@@ -93,10 +91,10 @@ def find_classes(folder: Path) -> list[str]:
 
     classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     if not classes:
-        raise DataError(f"{folder} has no class subfolders: expected {folder}/<class>/<image>")
+        raise RefusedError(f"{folder} has no class subfolders: expected {folder}/<class>/<image>")
     for c in classes:
         if not any(f.lower().endswith(IMG_EXTENSIONS) for _, _, fs in os.walk(folder / c) for f in fs):
-            raise DataError(f"class folder {folder / c} holds no image (extensions {', '.join(IMG_EXTENSIONS)})")
+            raise RefusedError(f"class folder {folder / c} holds no image (extensions {', '.join(IMG_EXTENSIONS)})")
     return classes
 
 
@@ -134,7 +132,7 @@ class SkippingImageFolder(torch.utils.data.Dataset):
                 bad.append(path)
                 continue
             return self.transform(img), target, bad
-        raise DataError(f"{self.folder}: no image of this split could be decoded")
+        raise RefusedError(f"{self.folder}: no image of this split could be decoded")
 
 
 def _collate(batch: list[tuple[Tensor, int, list[str]]]) -> tuple[Tensor, Tensor, list[str]]:

@@ -1,12 +1,12 @@
-"""The error the partitioner raises for an op it cannot split, and how it names the op."""
+"""How the partitioner names an op it cannot split (the error type lives in :mod:`disco.errors`)."""
 
 from __future__ import annotations
 
 from torch import fx
 
+from ..errors import UnsupportedOpError
 
-class UnsupportedOpError(ValueError):
-    """An op the partitioner has no rule for, or a use of an op that its rule does not support."""
+__all__ = ["UnsupportedOpError", "describe", "unsupported"]
 
 
 def describe(node: fx.Node, gm: fx.GraphModule) -> str:

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..checkpoint import pack_bits, state_digest, unpack_bits
+from ..errors import RefusedError, ShardError
 from ..graph import Partition, partition
-from .errors import RefusedError
 from .plan import RankPlan
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,7 @@ UNHASHED = ("manifest_hash", "info")
 _FILE_KEYS = re.compile(r"weight|pretrain|checkpoint|ckpt|path|file|url|dir|backbone", re.I)
 
 
-class ShardError(RefusedError):
-    """A shard or manifest that does not belong to this run (other model, N, rank) or is damaged."""
-
-
-class ExportProofError(ValueError):
-    """The node plans do not compute the model's own function on the probe input: nothing is written."""
-
+ExportProofError = RefusedError  # the split does not compute the model's own function: nothing is written
 
 PROOF_TOLERANCE = 1e-4  # largest relative error of the split against the model's own forward
 

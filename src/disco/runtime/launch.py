@@ -18,23 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_REFUSED, Interrupted, RunFailure
+from ..errors import Interrupted, LaunchError
 from .node import PARENT_ENV, TOKEN_ENV
 from .options import RunOptions, run_options
 
 log = logging.getLogger(__name__)
 
 GRACE_S = 2.0  # after a node fails, the others get this long to exit by themselves (they are told in < 1 s)
-
-
-class LaunchError(RunFailure):
-    """A node failed or refused. ``codes``: exit codes by rank; ``stderr``: the nodes' error output;
-    ``exit_code``: 2 when a node refused (nothing was computed), else 3."""
-
-    def __init__(self, msg: str, codes: list[int | None], stderr: list[str]) -> None:
-        super().__init__(msg)
-        self.codes, self.stderr = codes, stderr
-        self.exit_code = EXIT_REFUSED if EXIT_REFUSED in codes else RunFailure.exit_code
 
 
 def free_port() -> int:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import EXIT_FAILED, RefusedError, RunFailure, exit_code
+from ..errors import EXIT_FAILED, RefusedError, RunFailure, exit_code
 from .options import RunOptions
 
 log = logging.getLogger("disco.node")

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RefusedError
+from ..errors import RefusedError
 
 
 def _opt(default: Any, help: str, type: Any = None) -> Any:  # noqa: A002 - argparse's word

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .errors import RunFailure
+from ..errors import PeerError
 
 log = logging.getLogger(__name__)
 
@@ -171,14 +171,6 @@ def gloo_reason(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     text = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". This is typically")[0]
     return f"{type(e).__name__}: {text}"[:200]
-
-
-class PeerError(RunFailure):
-    """A peer died, closed its connection or stopped answering."""
-
-    def __init__(self, rank: int, why: str) -> None:
-        super().__init__(f"lost rank {rank}: {why}")
-        self.peer = rank
 
 
 class _Handle:

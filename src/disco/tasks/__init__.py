@@ -29,6 +29,16 @@ def get_task(name: str) -> Task:
     return _TASKS[name]()
 
 
-__all__ = ["Task", "get_task", "register_task"]
+def task_names() -> list[str]:
+    """The names of the registered tasks, sorted."""
+    return sorted(_TASKS)
+
+
+def task_for_model(model: str) -> type | None:
+    """The task class whose default model is ``model`` (None if no task names it)."""
+    return next((t for t in _TASKS.values() if getattr(t, "default_model", None) == model), None)
+
+
+__all__ = ["Task", "get_task", "register_task", "task_for_model", "task_names"]
 
 from . import classification, det, seg, sr  # noqa: E402,F401

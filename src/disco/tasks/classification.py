@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from .. import distributed as D
 from ..data.cifar import CifarLoader
+from ..errors import RefusedError
 from .registry import register_task
 
 
@@ -133,10 +134,10 @@ class ImageFolderTask(_Classification):
         classes = F_.find_classes(dirs["train"])
         val_classes = F_.find_classes(dirs["val"])
         if val_classes != classes:
-            raise F_.DataError(f"{Path(data)}: val classes differ from train classes "
+            raise RefusedError(f"{Path(data)}: val classes differ from train classes "
                                f"({sorted(set(val_classes) ^ set(classes))[:5]})")
         if self.classes is not None and self.classes != classes:
-            raise F_.DataError(f"{data}: its classes ({len(classes)}: {classes[:3]}...) are not the ones the "
+            raise RefusedError(f"{data}: its classes ({len(classes)}: {classes[:3]}...) are not the ones the "
                                f"checkpoint was trained on ({len(self.classes)}: {self.classes[:3]}...)")
         self.classes = classes
         out = []

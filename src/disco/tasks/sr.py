@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..data.sr import SREvalSets, SRTrainLoader, bicubic_up, quantize, sr_folders, to_float
+from ..errors import RefusedError
 from .registry import register_task
 
 log = logging.getLogger(__name__)
@@ -94,9 +95,8 @@ class SuperResolution:
         train_dir, eval_dirs = sr_folders(data)
         root = Path(data)
         if not eval_dirs and (root.name.lower() in ("set5", "set14", "bsd100") or (root / "HR").is_dir()):
-            from ..validate import InputError
 
-            raise InputError(f"--data {data} is one evaluation set; pass the folder that holds it "
+            raise RefusedError(f"--data {data} is one evaluation set; pass the folder that holds it "
                              f"({root.parent}: set5/, set14/, bsd100/ and t91/ or train/)")
         if not eval_dirs:
             log.warning("%s holds none of %s: evaluation will be empty", data, ", ".join(("set5", "set14", "bsd100")))

@@ -1,4 +1,4 @@
-"""``disco export`` and ``disco run``."""
+"""``disco export`` and ``disco run``: thin handlers over :mod:`disco.api` (export, export_model_name, run)."""
 
 from __future__ import annotations
 
@@ -22,47 +22,11 @@ from ..validate import (
 log = logging.getLogger(__name__)
 
 
-def export_model_name(name: str, out: str, nodes: int, ratio: float, input_shape: tuple[int, ...] | None,
-                      shares: tuple[float, ...] | None = None, budget: str = "global", codec: str = "fp32",
-                      weights: str | None = None, seed: int = 0, latency_weight: float = 0.0) -> dict[str, Any]:
-    """Export a bare architecture (random init, or ``weights``) with links chosen by weight magnitude at
-    ``ratio``, as ``disco cost MODEL`` costs it: for latency and memory, not for accuracy. ``latency_weight``:
-    bytes charged per message kept (the global budget's ``--latency-weight``)."""
-    import torch
-
-    from ..graph import partition
-    from ..masks import DiscoModel
-    from ..models import build_model
-    from ..sparsify import magnitude_scores, select_links
-    from ..validate import InputError, check_input_shape, check_nodes_fit, default_input_shape
-    from .export import export
-
-    torch.manual_seed(seed)
-    model = build_model(name, weights=weights).eval()
-    input_shape = input_shape or default_input_shape(name, model)
-    check_input_shape(model, input_shape, name)
-    check_nodes_fit(model, nodes, name)
-    if shares and len(shares) != nodes:
-        raise InputError(f"--shares has {len(shares)} values for --nodes {nodes}")
-    part = partition(model, tuple(input_shape), nodes, shares)
-    dm = DiscoModel(model, part)
-    if latency_weight and budget != "global":
-        raise InputError("--latency-weight applies to the global budget only")
-    kept = (select_links(part, magnitude_scores(dm), ratio, budget, latency_weight=latency_weight / 4)
-            if ratio < 1 else part.all_links())
-    dm.set_kept(kept)
-    lw = f", latency weight {latency_weight:g} bytes per message" if latency_weight else ""
-    return export(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
-                  info={"source": f"model name {name}, {'given weights' if weights else 'random init'}, "
-                                  f"magnitude links at r={ratio:g} ({budget} budget{lw})"})
-
-
 def cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from ..api import export, export_model_name
+    from ..checkpoint import is_checkpoint
 
-    from ..api import export
-
-    if args.ckpt.endswith(".safetensors") or Path(args.ckpt).is_file():
+    if is_checkpoint(args.ckpt):
         if args.ratio is not None or args.shares is not None or args.nodes is not None or args.latency_weight:
             raise ValueError(f"{args.ckpt} is a checkpoint: it brings its own N, shares and kept links "
                              "(--nodes/--shares/--ratio/--latency-weight are for a model name)")
@@ -81,8 +45,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..api import run
-    from .errors import RefusedError, RunFailure
-    from .options import RunOptions
+    from ..errors import RefusedError, RunFailure
+    from ..runtime.options import RunOptions
 
     if args.data is not None:
         check_data_folder(args.data)
@@ -145,9 +109,9 @@ def _print_report(r: dict[str, Any]) -> None:
           + "; peak RSS per node: " + ", ".join(f"{m:.0f} MB" for m in r["peak_rss_mb_per_node"]))
 
 
-def add_subcommands(sub: Any) -> None:
+def add_commands(sub: Any) -> None:
     """Add ``export`` and ``run`` to the ``disco`` command's subparsers."""
-    from .node import add_run_options
+    from ..runtime.options import RunOptions
 
     e = sub.add_parser("export", help="write one weight shard per node + a manifest from a DISCO checkpoint")
     e.add_argument("ckpt", help="sparsified DISCO checkpoint (.safetensors), or a model name as in `disco cost` "
@@ -171,7 +135,7 @@ def add_subcommands(sub: Any) -> None:
     r = sub.add_parser("run", help="run an export as N local processes over torch.distributed and report")
     r.add_argument("dir", help="export directory")
     r.add_argument("--nodes", type=nodes_arg, required=True, help="N: the export's node count")
-    add_run_options(r)
+    RunOptions.add_arguments(r)
     r.add_argument("--run-timeout", type=positive_float, default=3600.0, help="seconds for the whole run")
     r.add_argument("--max-rel-err", type=positive_float,
                    help="exit 3 when the output differs from the single-process model by more (relative); "
