@@ -111,6 +111,9 @@ def test_long_section_states_each_target_from_the_data():
     assert "**met**" in glob and "-0.53 points" in glob
     assert "**met**" in lasso and "+2.00 points" in lasso
     assert "cifar10_selection_long.png" in text
+    line = selection_long.budgets(_long())
+    assert line.startswith("N=2, r=0.2, lasso selection, 250k training images seen") and "-0.50 points" in line
+    assert "FLOPs 0.55x" in line and "(dense 86.63)" in line
 
 
 def test_long_section_says_by_how_much_a_target_is_missed_and_gives_no_verdict_under_3_seeds():

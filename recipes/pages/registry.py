@@ -59,6 +59,7 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "selection_verdict": ("cifar10_selection", selection_verdict),
     "budget_comparison": ("cifar10_selection", budget_comparison),
     "selection_long": (LONG, selection_long.page_section),
+    "selection_long_budgets": (LONG, selection_long.budgets),
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
     "placement": ("placement", placement_table),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .md import md_table, mean_std
+from .selection import profile
 
 LONG, DENSE = "cifar10_selection_long", "cifar10_resnet"
 SEEDS = 3
@@ -153,6 +154,20 @@ def lasso_target(g: dict) -> str:
     short = "" if ok else (f"; short by {max(1.0 - (lm - rm), (rm + rsd) - (lm - lsd)):.2f} points (needs +1.0 and "
                            "lasso's mean - std above random's mean + std)")
     return f"{head} **{'met' if ok else 'not met'}**. {text}{short}."
+
+
+def budgets(data: dict) -> str:
+    """The README's line: the joint against the global budget at N=2 r=0.2, at the longest length both ran."""
+    g = groups(data.get(LONG) or [])
+    both = sorted(k[4] for k in g if k[:4] == (2, 0.2, "joint", "lasso") and (2, 0.2, "global", "lasso", k[4]) in g)
+    if not both:
+        return "No run of the long protocol has both budgets yet (results/cifar10_selection_long.json)."
+    joint, glob = g[(2, 0.2, "joint", "lasso", both[-1])], g[(2, 0.2, "global", "lasso", both[-1])]
+    d = mean_std([e["top1"] for e in joint])[0] - mean_std([e["top1"] for e in glob])[0]
+    dense = dense_top1(data)
+    return (f"N=2, r=0.2, lasso selection, {both[-1]}k training images seen (the long protocol): joint "
+            f"{profile(joint)} against global {profile(glob)}: {d:+.2f} points"
+            + ("." if dense is None else f" (dense {dense:.2f})."))
 
 
 def page_section(data: dict) -> str:
