@@ -1,5 +1,7 @@
-"""README.md and docs/: short, generated from results/*.json, and every link leads somewhere."""
+"""README.md and docs/: short, generated from results/*.json by the one generator (``python -m recipes.pages``),
+and every link leads somewhere."""
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -7,10 +9,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
-import tables  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from recipes.pages import registry, selection_long  # noqa: E402
+from recipes.pages.__main__ import main as pages_main  # noqa: E402
+from recipes.pages.md import md_table  # noqa: E402
 
-PAGES = tables.pages(ROOT)
+PAGES = registry.pages(ROOT)
+EXPECTED = registry.expected(ROOT)
 
 
 def test_readme_is_short():
@@ -18,11 +23,22 @@ def test_readme_is_short():
     assert n < 15_000, f"README.md has {n} characters; move details to docs/"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_page_tables_are_what_the_results_json_gives(page):
-    text = page.read_text()
-    assert tables.render(text, ROOT / "results") == text, (
-        f"{page.relative_to(ROOT)} differs from results/*.json: run python recipes/tables.py")
+@pytest.mark.parametrize("page", sorted(EXPECTED), ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_is_what_the_generator_writes_from_the_committed_json(page):
+    """Every whole page (written from its JSON) and every table block of every page is what the generator
+    writes from results/*.json: no hand edit survives, no stale page."""
+    assert page.read_text() == EXPECTED[page], (
+        f"{page.relative_to(ROOT)} differs from what results/*.json give: run python -m recipes.pages")
+
+
+def test_every_whole_page_and_every_block_is_covered():
+    assert {ROOT / p for p in registry.WHOLE_PAGES} <= set(EXPECTED), "a whole page's JSON is missing"
+    assert set(PAGES) <= set(EXPECTED) | {p for p in PAGES if not p.is_file()}
+    assert not [n for n in registry.TABLES if n.endswith("_summary")], "no block restates old acceptance checks"
+
+
+def test_check_mode_passes_on_the_committed_pages():
+    assert pages_main(["--check", "--no-plots"]) == 0
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -37,10 +53,16 @@ def test_markers_are_known_and_filled():
     seen = set()
     for page in PAGES:
         for name, body in re.findall(r"<!-- table:(\w+) -->\n(.*?)<!-- /table:\1 -->", page.read_text(), re.S):
-            assert name in tables.TABLES, f"{page.name}: unknown marker {name}"
+            assert name in registry.TABLES, f"{page.name}: unknown marker {name}"
             assert body.strip(), f"{page.name}: marker {name} is empty (its results JSON is missing?)"
             seen.add(name)
-    assert {"headline", "latency_short", "cifar10_resnet", "latency"} <= seen
+    assert {"headline", "latency_short", "cifar10_resnet", "latency", "selection_long"} <= seen
+
+
+def test_md_table_writes_header_separator_rows_and_refuses_a_short_row():
+    assert md_table([[1, "a"], ["", 2.5]], ["x", "y"]) == "| x | y |\n|---|---|\n| 1 | a |\n|  | 2.5 |"
+    with pytest.raises(ValueError, match="row of 1 cells under 2 columns"):
+        md_table([[1]], ["x", "y"])
 
 
 def test_render_fills_a_marker_from_json_and_refuses_an_unknown_one(tmp_path):
@@ -50,44 +72,64 @@ def test_render_fills_a_marker_from_json_and_refuses_an_unknown_one(tmp_path):
                                            '{"model": "m", "nodes": 2, "bandwidth_mbit": 100, "shaping": "pacing", '
                                            '"codec": "fp32", "mode": "disco", "ratio": 0.1, '
                                            '"input_shape": [1, 3, 8, 8], "latency_ms_median": 20.0}]}')
-    out = tables.render("a\n<!-- table:latency_short -->\nold\n<!-- /table:latency_short -->\nb", tmp_path)
+    out = registry.render("a\n<!-- table:latency_short -->\nold\n<!-- /table:latency_short -->\nb", tmp_path)
     assert "| m | 3x8x8 | 50 | - | 20 | - | 2.5x |" in out and "old" not in out
-    assert tables.render("<!-- table:sr_summary -->\nkept\n<!-- /table:sr_summary -->", tmp_path).count("kept") == 1
+    kept = "<!-- table:sr_rrdbnet -->\nkept\n<!-- /table:sr_rrdbnet -->"  # its JSON is missing: left as it is
+    assert registry.render(kept, tmp_path) == kept
     with pytest.raises(KeyError, match="unknown table marker"):
-        tables.render("<!-- table:nope -->\n<!-- /table:nope -->", tmp_path)
+        registry.render("<!-- table:nope -->\n<!-- /table:nope -->", tmp_path)
 
 
-def _script(path: str):
-    import importlib.util
+# ---- issue 32's long protocol: synthetic entries (never committed as results) --------------------------------
 
-    spec = importlib.util.spec_from_file_location(f"_page_{Path(path).stem}_{Path(path).parent.name}", ROOT / path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _json(name: str):
-    import json
-
-    return json.loads((ROOT / "results" / name).read_text())
+def _run(budget: str, n: int, r: float, sel: str, k: int, seed: int, top1: float) -> dict:
+    flops, weights = {"joint": (0.55, 0.26)}.get(budget, (0.70, 0.45))
+    return {"name": f"n{n}_r{r}_{budget}_{sel}_i{k}k_s{seed}", "budget": budget, "selection": sel, "nodes": n,
+            "ratio": r, "target_ratio": r, "seed": seed, "train_images_seen": k * 1000 - 168, "top1": top1,
+            "val_top1": top1 + 2, "flops_total": flops * 1000, "flops_dense": 1000,
+            "params_per_node": [weights * 100, 10], "params_dense": 100}
 
 
-def _codecs_page() -> str:
-    mod = _script("recipes/codecs/run.py")
-    return mod.report({**_json("codecs.json"), "notes": mod.NOTES})
+def _long(seeds: int = 3, joint: float = 85.5, lasso: float = 85.0) -> dict:
+    runs = []
+    for s in range(seeds):
+        runs += [_run("joint", 2, 0.2, "lasso", 100, s, joint - 1.0 + 0.1 * s),
+                 _run("joint", 2, 0.2, "lasso", 250, s, joint + 0.1 * s),
+                 _run("global", 2, 0.2, "lasso", 250, s, 86.0 + 0.1 * s),
+                 _run("global", 4, 0.1, "lasso", 250, s, lasso + 0.1 * s),
+                 _run("global", 4, 0.1, "random", 250, s, 83.0 + 0.1 * s)]
+    return {selection_long.LONG: runs, selection_long.DENSE: [{"name": "dense", "top1": 86.63}]}
 
 
-WHOLE_PAGES = {  # page -> how its generator writes it from the committed JSON
-    "docs/architectures.md": lambda: _script("recipes/architectures/run.py").table(_json("architectures.json")),
-    "docs/codecs.md": _codecs_page,
-    "docs/choosing-a-split.md": lambda: _script("recipes/plan/choosing_split.py").page(_json("plan_resnet50.json")),
-    "docs/latency-model.md": lambda: _script("bench/latency_fit.py").page(_json("latency_model.json")),
-}
+def test_long_section_states_each_target_from_the_data():
+    text = selection_long.page_section(_long())
+    assert "| 2 | 0.2 | joint | lasso | 250k | 3 of 3 | 85.60 | 0.10 | -1.03 | 87.60 | 0.200 | 0.55 | 0.26 |" in text
+    assert "| 2 | 0.2 | global | lasso | 10k | 0 of 3 | - |" in text  # a planned length not run yet
+    joint, glob, lasso = (ln for ln in text.splitlines() if ln.startswith("- "))
+    assert "**not measured yet**" in joint and "Separated branches (N=2, r=0) at that length: not measured" in joint
+    assert "At 250k images seen" in joint and "held" in joint  # 100k is 2.03 points under: 250k is judged
+    assert "**met**" in glob and "-0.53 points" in glob
+    assert "**met**" in lasso and "+2.00 points" in lasso
+    assert "cifar10_selection_long.png" in text
+    line = selection_long.budgets(_long())
+    assert line.startswith("N=2, r=0.2, lasso selection, 250k training images seen") and "-0.50 points" in line
+    assert "FLOPs 0.55x" in line and "(dense 86.63)" in line
 
 
-@pytest.mark.parametrize("page", sorted(WHOLE_PAGES))
-def test_whole_generated_pages_are_what_their_script_writes(page):
-    """Pages written whole by a recipe or bench script (then their markers by recipes/tables.py) match what
-    the script writes from the committed JSON: no hand edit survives, no stale page."""
-    expected = tables.render(WHOLE_PAGES[page](), ROOT / "results")
-    assert (ROOT / page).read_text() == expected, f"{page} is not what its generator writes from results/"
+def test_long_section_says_by_how_much_a_target_is_missed_and_gives_no_verdict_under_3_seeds():
+    text = selection_long.page_section(_long(joint=84.0, lasso=83.5))
+    joint, _, lasso = (ln for ln in text.splitlines() if ln.startswith("- "))
+    assert "**not met**" in joint and "1.03 points short of -1.5" in joint and "from 100k to 250k" in joint
+    assert "**not met**" in lasso and "short by" in lasso
+    few = selection_long.page_section(_long(seeds=2))
+    assert few.count("no verdict yet") == 3 and "**met**" not in few and "**not met**" not in few
+    empty = selection_long.page_section({selection_long.DENSE: [{"name": "dense", "top1": 86.63}]})
+    assert empty.count("not measured yet") >= 3 and ".png" not in empty
+
+
+def test_long_plot_is_written_from_the_json(tmp_path):
+    for name, data in _long().items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    written = registry.write_plots(tmp_path, only=["cifar10_selection_long"])
+    assert tmp_path / "cifar10_selection_long.png" in written
+    assert (tmp_path / "cifar10_selection_long.png").stat().st_size > 10_000

@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "recipes"))
+sys.path.insert(0, str(ROOT))  # recipes.pages
 import common  # noqa: E402
 from common import Recipe, Run, run_config  # noqa: E402
 
@@ -132,7 +133,7 @@ def test_sr_recipe_keeps_earlier_entries_only_for_the_same_dense_model(tmp_path)
 
 
 def test_sweeps_group_runs_by_setting_with_their_separated_branches():
-    from tables import sweeps
+    from recipes.pages.runs import sweeps
 
     def run(name, n, r, sel, ep, lr=None):
         return {"name": name, "nodes": n, "ratio": r, "selection": sel, "epochs": ep, "lr": lr}
@@ -149,7 +150,7 @@ def test_sweeps_group_runs_by_setting_with_their_separated_branches():
 
 
 def test_separated_for_prefers_the_same_length_and_rate():
-    from tables import separated_for
+    from recipes.pages.runs import separated_for
 
     seps = [{"epochs": 20, "lr": None}, {"epochs": 60, "lr": 1e-3}, {"epochs": 60, "lr": None},
             {"epochs": 300, "lr": None}]

@@ -3,7 +3,7 @@
 Two profiles: ``--model cifar_resnet20`` (the default; results/cifar10_resnet.json) and
 ``--model vit_cifar`` (a small ViT, patch 4; results/cifar10_vit.json).
 Every step is resumable (each run checkpoints per epoch; a finished run is skipped).
-Run ``python recipes/tables.py`` afterwards to refresh the plots and the tables of docs/.
+Run ``python -m recipes.pages`` afterwards to refresh the plots and the tables of docs/.
 
     python recipes/cifar10/run.py --data ../shared/data/cifar10
     python recipes/cifar10/run.py --data ../shared/data/cifar10 --model vit_cifar

@@ -3,7 +3,7 @@
 Each row is the recipe's ``disco sparsify`` command (10 epochs, batch 32, global budget) with only
 the ratio, the link scores, the learning rate or the distillation weight changed, from the dense
 model that ``det/run.py`` trained (runs/det/dense.safetensors). Resumable; results to
-results/det_ssd_lr.json, the table of docs/results-det.md by ``python recipes/tables.py``.
+results/det_ssd_lr.json, the table of docs/results-det.md by ``python -m recipes.pages``.
 
     python recipes/det/lr_sweep.py --data ../shared/data      # after det/run.py; ~7 min per row on one core
 """

@@ -2,7 +2,7 @@
 
 Every step is resumable (each run checkpoints per epoch; a finished run is skipped). Results go to
 results/det_ssd.json (``map`` = COCO mAP@[.5:.95], ``map50`` = mAP@.5, in percent), the picture of
-detections to results/det_ssd_test.png (the plot of mAP against r, results/det_ssd.png, is tables.py's).
+detections to results/det_ssd_test.png (the plot of mAP against r, results/det_ssd.png, is recipes/pages').
 
     python recipes/det/run.py --data ../shared/data     # DATA holds cifar10/, imagenette224/, coco128/
 

@@ -6,7 +6,7 @@ image size on CPUs. Every step is resumable; a finished run is skipped. The JSON
 results/imagenette_resnet.json (no checkpoint is committed: ResNet-18 weights are 45 MB).
 
     python recipes/imagenette/run.py --data ../shared/data/imagenette224 --workers 1
-    python recipes/tables.py
+    python -m recipes.pages
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ fine-tunes with the same schedule; only ``--selection`` and ``--seed`` change wi
 skipped (each keeps ``runs/selection/NAME.json``), and results/cifar10_selection.json is rewritten after every run.
 
     OMP_NUM_THREADS=1 nice -n 10 python recipes/selection/run.py --data ../shared/data/cifar10
-    python recipes/tables.py   # docs/selection.md and results/cifar10_selection.png
+    python -m recipes.pages   # docs/selection.md and results/cifar10_selection.png
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every step is resumable (each run checkpoints per epoch; a finished run is skipped).
 Results go to results/sr_rrdbnet.json, the Set14 picture to results/sr_rrdbnet_set14.png;
-run ``python recipes/tables.py`` afterwards for the PSNR-vs-ratio plot and the tables of docs/results-sr.md.
+run ``python -m recipes.pages`` afterwards for the PSNR-vs-ratio plot and the tables of docs/results-sr.md.
 
     python recipes/sr/run.py --data ../shared/data          # DATA holds t91/, set5/, set14/, bsd100/
 
