@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import is_checkpoint
 from .graph import REPLICATED, Partition
 from .graph.capture import shape_of
 from .graph.rules import Mixing
@@ -398,7 +399,7 @@ def _prepare(req: PlanRequest) -> tuple[Any, str, dict[str, Any]]:
     from .models import build_model
 
     p = Path(req.model)
-    if req.model.endswith(".safetensors") or p.is_file():
+    if is_checkpoint(req.model):
         from .loading import load
 
         loaded = load(p)

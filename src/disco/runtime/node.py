@@ -14,7 +14,7 @@ only when all N are ready, and agree on the export, does torch.distributed (gloo
 Every blocking call has a deadline: store calls run under one (a leader that stops answering
 is named, rank 0), gloo under ``--timeout`` + 3 s, and a heartbeat thread ends every node
 with exit code 3 and an error naming the lost rank when a peer is silent for ``--timeout``
-seconds. Exit codes come from the exception type (:mod:`disco.runtime.errors`): 2 refused,
+seconds. Exit codes come from the exception type (:mod:`disco.errors`): 2 refused,
 3 failed during the run.
 """
 
