@@ -282,3 +282,32 @@ def test_latency_weight_fills_fewer_messages_by_hand():
     assert estimate(part, charged).messages_per_inference == 1 + 1 + 1
     with pytest.raises(ValueError, match="global budget"):
         select_links(part, scores, 0.5, "layer", latency_weight=100)
+
+
+def test_joint_lasso_weights_by_hand():
+    """--lasso-weight joint: each group charged its share of the byte, FLOPs and weight rooms.
+
+    On the tiny two-conv model at r=0.5, FLOPs cap 1.0, weights cap 0.5: rooms 20 values, 96 FLOPs (every link's
+    FLOPs: 32+32+16+16), 10-7 = 3 weights per node. A link: 16/20 + 32/96 + 1/3 = 22/15; B link: 4/20 + 16/96 +
+    2/3 = 31/30; as lasso alphas (mean 5/4): 88/75 and 62/75 (bytes alone gave 1.6 and 0.4).
+    """
+    from disco.sparsify.lasso import GroupLasso
+    from disco.sparsify.select import joint_weights, link_costs
+
+    d, _ = _lasso_model()
+    w = joint_weights(d.partition, 0.5, 1.0, 0.5, link_costs(d.partition))
+    assert w.tolist() == pytest.approx([22 / 15, 22 / 15, 31 / 30, 31 / 30])
+    assert GroupLasso(d, w).alpha.tolist() == pytest.approx([88 / 75, 88 / 75, 62 / 75, 62 / 75])
+    with pytest.raises(ValueError, match="non-negative"):
+        GroupLasso(d, -w)
+
+
+def test_joint_lasso_weight_needs_the_joint_budget():
+    from disco.sparsify.run import SparsifyConfig, _lasso_weights
+
+    d, _ = _lasso_model()
+    with pytest.raises(ValueError, match="needs the joint budget"):
+        _lasso_weights(d.partition, SparsifyConfig(lasso_weight="joint"), {})
+    with pytest.raises(ValueError, match="must be one of"):
+        _lasso_weights(d.partition, SparsifyConfig(lasso_weight="flops"), {})
+    assert _lasso_weights(d.partition, SparsifyConfig(), {}) is None

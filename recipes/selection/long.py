@@ -30,7 +30,7 @@ VAL_SPLIT = 5000
 LENGTHS = (250_000, 100_000, 10_000)  # images seen; the targets' length first
 FIELDS = ("name", "budget", "selection", "nodes", "ratio", "target_ratio", "seed", "train_images_seen", "epochs",
           "train_subset", "val_split", "distill", "top1", "val_top1", "flops_total", "flops_dense",
-          "params_per_node", "params_dense", "bytes", "dense_bytes", "messages_per_inference")
+          "params_per_node", "params_dense", "bytes", "dense_bytes", "messages_per_inference", "lasso_weight")
 
 
 def rows() -> list[tuple[str, dict]]:
@@ -52,6 +52,10 @@ def rows() -> list[tuple[str, dict]]:
         out.append((f"n2_r0_separated_i{LENGTHS[0] // 1000}k_s{seed}",
                     {"nodes": 2, "ratio": 0.0, "budget": "global", "selection": "lasso", "seed": seed,
                      "train_images": LENGTHS[0]}))
+    for seed in (0, 1, 2):  # N=2 r=0.2 joint, a second way of meeting the caps: the lasso charged the capped rooms
+        out.append((f"n2_r0.2_joint_lassojoint_i{LENGTHS[0] // 1000}k_s{seed}",
+                    {"nodes": 2, "ratio": 0.2, "budget": "joint", "selection": "lasso", "lasso_weight": "joint",
+                     "seed": seed, "train_images": LENGTHS[0]}))
     return out
 
 
@@ -64,8 +68,10 @@ def run_one(runs: Path, data: str, name: str, cfg: dict) -> dict:
 def collect(runs: Path, result: Path) -> None:
     """Every finished run of ``runs`` into ``result`` with the fields above, sorted."""
     entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
+    for e in entries:
+        e.setdefault("lasso_weight", "bytes")  # runs from before the option existed charged bytes
     out = [{k: e.get(k) for k in FIELDS} for e in entries]
-    out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["train_images_seen"] or 0, e["seed"]))
+    out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["lasso_weight"], e["train_images_seen"] or 0, e["seed"]))
     result.write_text(json.dumps(out, indent=1) + "\n")
 
 

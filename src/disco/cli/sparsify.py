@@ -15,7 +15,7 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
     cfg = SparsifyConfig(nodes=args.nodes, shares=args.shares, ratio=args.ratio, budget=args.budget,
                          selection=args.selection, **budget_options(args),
-                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso,
+                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso, lasso_weight=args.lasso_weight,
                          distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size, train_images=args.train_images, val_split=args.val_split,
                          optimizer=args.optimizer, weight_decay=args.wd, device=args.device, amp=args.amp,
@@ -90,6 +90,9 @@ def add_commands(sub: Any) -> None:
                    help="how links are ranked; lasso: a byte-weighted group-lasso penalty first (see --lasso)")
     s.add_argument("--lasso", type=nonnegative_float, default=2.0,
                    help="final group-lasso strength of --selection lasso")
+    s.add_argument("--lasso-weight", default="bytes", choices=("bytes", "joint"),
+                   help="what each link's lasso group is charged: its bytes (default), or with --budget joint its "
+                        "share of the byte, FLOPs and weight rooms (the lasso then acts on the capped quantities)")
     s.add_argument("--epochs", type=positive_int, default=10)
     s.add_argument("--prune-fraction", type=fraction_arg, default=0.5, help="share of the run spent lowering r")
     s.add_argument("--lr", type=positive_float,

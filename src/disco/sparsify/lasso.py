@@ -27,11 +27,15 @@ from .scores import _original
 class GroupLasso:
     """The byte-weighted group lasso over the links of ``dm`` (see the module docstring)."""
 
-    def __init__(self, dm: DiscoModel) -> None:
+    def __init__(self, dm: DiscoModel, weights: np.ndarray | None = None) -> None:
+        """``weights``: what each link's group is charged (default: its bytes), scaled to mean 1 as ``alpha``."""
         self.dm = dm
         part = dm.partition
-        vals = part.links.values.astype(np.float64)
-        self.alpha = vals / vals.mean() if len(vals) else vals
+        w = part.links.values if weights is None else weights
+        w = np.asarray(w, dtype=np.float64)
+        if w.shape != (part.n_links,) or (w < 0).any():
+            raise ValueError(f"lasso weights must be {part.n_links} non-negative numbers, got shape {w.shape}")
+        self.alpha = w / w.mean() if len(w) and w.mean() > 0 else w
         # per layer: the link id of every [out, in] connection (-1: none, a local or unread column)
         self.index = [torch.from_numpy(np.maximum(ly.col_link[ly.out_owner], -1)) for ly in part.layers]
 

@@ -32,13 +32,14 @@ class GradualPruner:
     and the others fade out before they are cut, the expensive ones fastest. Penalising every link
     instead (plain group lasso) shrank the links that stay too and cost 20 points at N=4, r=0.1.
     The second half lowers r along the cubic schedule keeping the links of largest group norm.
+    ``lasso_weights``: what each link's group is charged (default its bytes; see :class:`GroupLasso`).
     """
 
     def __init__(
         self, dm: DiscoModel, target: float, prune_steps: int, *, budget: str = "global",
         selection: str = "magnitude", every: int = 50, taylor_fn: Callable[[DiscoModel], np.ndarray] | None = None,
         seed: int = 0, lasso: float = 2.0, lr_at: Callable[[int], float] | None = None,
-        select_options: dict[str, Any] | None = None,
+        select_options: dict[str, Any] | None = None, lasso_weights: np.ndarray | None = None,
     ) -> None:
         if selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
@@ -53,7 +54,7 @@ class GradualPruner:
         self._random = random_scores(dm.partition.n_links, seed) if selection == "random" else None
         self.lasso, self.lr_at = lasso, lr_at
         self.select_options = select_options or {}  # passed on to select_links (the joint budget's caps)
-        self._group = GroupLasso(dm) if selection == "lasso" else None
+        self._group = GroupLasso(dm, lasso_weights) if selection == "lasso" else None
         # lasso: the penalty alone until start, then the cubic schedule from start to prune_steps
         self.start = self.prune_steps // 2 if selection == "lasso" else 0
 

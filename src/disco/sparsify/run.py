@@ -10,12 +10,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import distributed as D
 from ..cost import estimate
-from ..graph import partition
+from ..graph import Partition, partition
 from ..loading import load, save_disco
 from ..masks import DiscoModel
 from ..seed import seed_everything
@@ -23,7 +24,7 @@ from ..tasks import Task, get_task
 from ..train import cosine_with_warmup, fit, to_device
 from .prune import GradualPruner
 from .scores import taylor_scores
-from .select import DEFAULT_MAX_FLOPS, DEFAULT_MAX_WEIGHTS_PER_NODE, link_costs
+from .select import DEFAULT_MAX_FLOPS, DEFAULT_MAX_WEIGHTS_PER_NODE, joint_weights, link_costs
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class SparsifyConfig:
     latency_weight: float = 0.0  # global budget: values charged per message kept (ranking only)
     selection: str = "lasso"  # or "magnitude", "taylor", "random" (lasso: the best measured, docs/selection.md)
     lasso: float = 2.0  # group-lasso strength at the end of its growth (selection "lasso")
+    lasso_weight: str = "bytes"  # or "joint": each group charged its share of bytes, FLOPs and weight rooms
     epochs: int = 10
     prune_fraction: float = 0.5  # share of the run during which r goes down
     lr: float | None = None  # None: the task's finetune_lr (0.02 for cifar10)
@@ -58,6 +60,21 @@ class SparsifyConfig:
     device: str | None = None  # auto/None (cuda when present), cpu or cuda
     amp: str | None = None  # bf16 or fp16 autocast (CUDA only)
     workers: int | None = None  # loader worker processes (image-folder task)
+
+
+LASSO_WEIGHTS = ("bytes", "joint")
+
+
+def _lasso_weights(part: Partition, cfg: SparsifyConfig, joint: dict[str, Any]) -> np.ndarray | None:
+    """The group lasso's charge per link: None (its bytes) or, for ``lasso_weight="joint"``, its share of the
+    joint budget's three rooms (the lasso then also acts on the capped FLOPs and weights)."""
+    if cfg.lasso_weight not in LASSO_WEIGHTS:
+        raise ValueError(f"lasso_weight must be one of {LASSO_WEIGHTS}, got {cfg.lasso_weight!r}")
+    if cfg.lasso_weight == "bytes":
+        return None
+    if cfg.budget != "joint" or cfg.selection != "lasso":
+        raise ValueError("lasso_weight='joint' needs the joint budget and lasso selection")
+    return joint_weights(part, cfg.ratio, joint["max_flops"], joint["max_weights_per_node"], joint["costs"])
 
 
 def _holdout(loader: Any, cfg: SparsifyConfig, task: str) -> Any:
@@ -152,13 +169,14 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     lr_factor = cosine_with_warmup(steps, int(warmup * per_epoch))
     joint = {"max_flops": cfg.max_flops, "max_weights_per_node": cfg.max_weights_per_node,
              "costs": link_costs(part)} if cfg.budget == "joint" else {}
+    lasso_weights = _lasso_weights(part, cfg, joint)
     if cfg.latency_weight:
         joint["latency_weight"] = cfg.latency_weight
     pruner = D.KeptFromRankZero(GradualPruner(  # under torchrun every rank keeps rank 0's links
         dm, cfg.ratio, int(cfg.prune_fraction * steps), budget=cfg.budget, selection=cfg.selection,
         every=cfg.every, taylor_fn=taylor_fn, seed=cfg.seed, lasso=cfg.lasso,
         lr_at=lambda s: lr * lr_factor(s),  # the schedule fit() follows
-        select_options=joint))
+        select_options=joint, lasso_weights=lasso_weights))
     if cfg.epochs == 0:
         pruner(pruner.prune_steps, pruner.prune_steps)
     hist = fit(dm, loaders.train, loaders.loss, epochs=cfg.epochs, steps=steps, lr=lr, weight_decay=wd,
@@ -174,7 +192,7 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     rep = estimate(part, dm.kept)
     result = {
         "nodes": cfg.nodes, "shares": list(part.shares) if part.shares else None,
-        "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget,
+        "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget, "lasso_weight": cfg.lasso_weight,
         "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
         "train_images_seen": int(sum(h.get("images", 0) for h in hist)), "epochs": cfg.epochs,
         "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,

@@ -177,6 +177,17 @@ def joint_rooms(part: Partition, ratio: float, max_flops: float, max_weights_per
     return ratio * part.dense_values(), float(f_room), w_room.astype(np.float64)
 
 
+def joint_weights(part: Partition, ratio: float, max_flops: float, max_weights_per_node: float,
+                  costs: LinkCosts) -> np.ndarray:
+    """Each link's share of the three rooms it uses: bytes / byte room + FLOPs / FLOPs room + weights / its
+    receiving node's weight room (the joint budget's capped quantities; a zero room counts as tiny)."""
+    b_room, f_room, w_room = joint_rooms(part, ratio, max_flops, max_weights_per_node, costs)
+    tiny = 1e-12
+    vals = part.links.values.astype(np.float64)
+    return (vals / max(b_room, tiny) + costs.flops / max(f_room, tiny)
+            + costs.weights / np.maximum(w_room[part.links.receiver], tiny))
+
+
 def _joint(part: Partition, scores: np.ndarray, ratio: float, cand: np.ndarray, max_flops: float,
            max_weights_per_node: float, costs: LinkCosts) -> np.ndarray:
     """Greedy fill by (score - price * resources) per byte; the price is the smallest that fills the bytes."""
