@@ -105,7 +105,8 @@ def test_long_section_states_each_target_from_the_data():
     text = selection_long.page_section(_long())
     assert "| 2 | 0.2 | joint | lasso | 250k | 3 of 3 | 85.60 | 0.10 | -1.03 | 87.60 | 0.200 | 0.55 | 0.26 |" in text
     assert "| 2 | 0.2 | global | lasso | 10k | 0 of 3 | - |" in text  # a planned length not run yet
-    joint, glob, lasso = (ln for ln in text.splitlines() if ln.startswith("- "))
+    joint, glob, lasso, ways = (ln for ln in text.splitlines() if ln.startswith("- "))
+    assert "**not measured yet**" in ways and "(3 and 0 of 3 seeds done)" in ways
     assert "**not measured yet**" in joint and "Separated branches (N=2, r=0) at that length: not measured" in joint
     assert "At 250k images seen" in joint and "held" in joint  # 100k is 2.03 points under: 250k is judged
     assert "**met**" in glob and "-0.53 points" in glob
@@ -118,7 +119,7 @@ def test_long_section_states_each_target_from_the_data():
 
 def test_long_section_says_by_how_much_a_target_is_missed_and_gives_no_verdict_under_3_seeds():
     text = selection_long.page_section(_long(joint=84.0, lasso=83.5))
-    joint, _, lasso = (ln for ln in text.splitlines() if ln.startswith("- "))
+    joint, _, lasso, _ = (ln for ln in text.splitlines() if ln.startswith("- "))
     assert "**not met**" in joint and "1.03 points short of -1.5" in joint and "from 100k to 250k" in joint
     assert "**not met**" in lasso and "short by" in lasso
     few = selection_long.page_section(_long(seeds=2))
@@ -133,3 +134,16 @@ def test_long_plot_is_written_from_the_json(tmp_path):
     written = registry.write_plots(tmp_path, only=["cifar10_selection_long"])
     assert tmp_path / "cifar10_selection_long.png" in written
     assert (tmp_path / "cifar10_selection_long.png").stat().st_size > 10_000
+
+
+def test_long_section_compares_the_two_ways_of_meeting_the_joint_caps():
+    data = _long()
+    for s in range(3):  # --lasso-weight joint: its own setting, judged against the caps like the default
+        e = _run("joint", 2, 0.2, "lasso", 250, s, 86.0 + 0.1 * s)
+        data[selection_long.LONG].append({**e, "lasso_weight": "joint", "name": e["name"] + "_rooms"})
+    text = selection_long.page_section(data)
+    lines = [ln for ln in text.splitlines() if ln.startswith("- ")]
+    assert len(lines) == 5 and "(lasso, rooms-charged)" in lines[1] and "-0.53 points vs dense" in lines[1]
+    assert "| 2 | 0.2 | joint | lasso, rooms-charged | 250k | 3 of 3 | 86.10 |" in text
+    assert "85.60 +- 0.10 (3 seeds) against 86.10 +- 0.10 (3 seeds), +0.50 points" in lines[-1]
+    assert "more than the two stds apart" in lines[-1]

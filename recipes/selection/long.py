@@ -30,7 +30,8 @@ VAL_SPLIT = 5000
 LENGTHS = (250_000, 100_000, 10_000)  # images seen; the targets' length first
 FIELDS = ("name", "budget", "selection", "nodes", "ratio", "target_ratio", "seed", "train_images_seen", "epochs",
           "train_subset", "val_split", "distill", "top1", "val_top1", "flops_total", "flops_dense",
-          "params_per_node", "params_dense", "bytes", "dense_bytes", "messages_per_inference", "lasso_weight")
+          "params_per_node", "params_dense", "bytes", "dense_bytes", "messages_per_inference",
+          "lasso_weight", "latency_weight")
 
 
 def rows() -> list[tuple[str, dict]]:
@@ -56,22 +57,29 @@ def rows() -> list[tuple[str, dict]]:
         out.append((f"n2_r0.2_joint_lassojoint_i{LENGTHS[0] // 1000}k_s{seed}",
                     {"nodes": 2, "ratio": 0.2, "budget": "joint", "selection": "lasso", "lasso_weight": "joint",
                      "seed": seed, "train_images": LENGTHS[0]}))
+    for seed in (0, 1, 2):  # N=4 r=0.1 with --latency-weight (the README's messages line) at the longest length
+        out.append((f"n4_r0.1_global_lasso_lw125k_i{LENGTHS[0] // 1000}k_s{seed}",
+                    {"nodes": 4, "ratio": 0.1, "budget": "global", "selection": "lasso", "latency_weight": 125000.0,
+                     "seed": seed, "train_images": LENGTHS[0]}))
     return out
 
 
 def run_one(runs: Path, data: str, name: str, cfg: dict) -> dict:
     config = {"epochs": 1, "distill": 0.5, "val_split": VAL_SPLIT, **cfg}
     return sparsify_cached(runs, DENSE, data, name, config, 1, seed=cfg["seed"], train_subset=None,
-                           distill=config["distill"], val_split=VAL_SPLIT)
+                           distill=config["distill"], val_split=VAL_SPLIT,
+                           lasso_weight=cfg.get("lasso_weight", "bytes"), latency_weight=cfg.get("latency_weight", 0.0))
 
 
 def collect(runs: Path, result: Path) -> None:
     """Every finished run of ``runs`` into ``result`` with the fields above, sorted."""
     entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
     for e in entries:
-        e.setdefault("lasso_weight", "bytes")  # runs from before the option existed charged bytes
+        e.setdefault("lasso_weight", "bytes")  # runs from before the options existed: bytes, no message charge
+        e.setdefault("latency_weight", 0.0)
     out = [{k: e.get(k) for k in FIELDS} for e in entries]
-    out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["lasso_weight"], e["train_images_seen"] or 0, e["seed"]))
+    out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["lasso_weight"],
+                            e["latency_weight"], e["train_images_seen"] or 0, e["seed"]))
     result.write_text(json.dumps(out, indent=1) + "\n")
 
 

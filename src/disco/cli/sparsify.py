@@ -15,8 +15,9 @@ def cmd_sparsify(args: argparse.Namespace) -> int:
 
     cfg = SparsifyConfig(nodes=args.nodes, shares=args.shares, ratio=args.ratio, budget=args.budget,
                          selection=args.selection, **budget_options(args),
-                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso, lasso_weight=args.lasso_weight,
-                         distill=args.distill, limit=args.limit, train_subset=args.train_subset, seed=args.seed,
+                         epochs=args.epochs, prune_fraction=args.prune_fraction, lr=args.lr, lasso=args.lasso,
+                         lasso_weight=args.lasso_weight, distill=args.distill, limit=args.limit,
+                         train_subset=args.train_subset, seed=args.seed,
                          batch_size=args.batch_size, train_images=args.train_images, val_split=args.val_split,
                          optimizer=args.optimizer, weight_decay=args.wd, device=args.device, amp=args.amp,
                          workers=args.workers)

@@ -193,6 +193,7 @@ def sparsify_model(model: nn.Module, loaders: Loaders, cfg: SparsifyConfig,
     result = {
         "nodes": cfg.nodes, "shares": list(part.shares) if part.shares else None,
         "ratio": rep.ratio, "target_ratio": cfg.ratio, "budget": cfg.budget, "lasso_weight": cfg.lasso_weight,
+        "latency_weight": cfg.latency_weight,
         "selection": cfg.selection if cfg.ratio > 0 else "separated", **metrics,
         "train_images_seen": int(sum(h.get("images", 0) for h in hist)), "epochs": cfg.epochs,
         "bytes": rep.bytes, "dense_bytes": rep.dense_bytes, "stats_bytes": rep.stats_bytes,
