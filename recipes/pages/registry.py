@@ -60,6 +60,8 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "budget_comparison": ("cifar10_selection", budget_comparison),
     "selection_long": (LONG, selection_long.page_section),
     "selection_long_budgets": (LONG, selection_long.budgets),
+    "selection_long_messages": (LONG, selection_long.latency_weight_line),
+    "selection_long_verdict": (LONG, selection_long.lasso_verdict),
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
     "placement": ("placement", placement_table),

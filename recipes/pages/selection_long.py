@@ -36,6 +36,7 @@ def groups(entries: list[dict]) -> dict[tuple, list[dict]]:
     for e in entries:
         sel = "separated" if e["target_ratio"] == 0 else e["selection"]
         sel = ROOMS if sel == "lasso" and e.get("lasso_weight") == "joint" else sel
+        sel = f"{sel}, latency weight {e['latency_weight']:g}" if e.get("latency_weight") else sel
         out.setdefault((e["nodes"], e["target_ratio"], e["budget"], sel, length_k(e)), []).append(e)
     return out
 
@@ -174,6 +175,11 @@ def lasso_target(g: dict) -> str:
     return f"{head} **{'met' if ok else 'not met'}**. {text}{short}."
 
 
+def lasso_verdict(data: dict) -> str:
+    """The README's selection line: issue 32's lasso-against-random target at the long protocol."""
+    return lasso_target(groups(data.get(LONG) or [])).removeprefix("- ")
+
+
 def budgets(data: dict) -> str:
     """The README's line: the joint against the global budget at N=2 r=0.2, at the longest length both ran."""
     g = groups(data.get(LONG) or [])
@@ -186,6 +192,20 @@ def budgets(data: dict) -> str:
     return (f"N=2, r=0.2, lasso selection, {both[-1]}k training images seen (the long protocol): joint "
             f"{profile(joint)} against global {profile(glob)}: {d:+.2f} points"
             + ("." if dense is None else f" (dense {dense:.2f})."))
+
+
+def latency_weight_line(data: dict) -> str:
+    """The README's messages line: --latency-weight against none at N=4 r=0.1, at the longest length both ran."""
+    g = groups(data.get(LONG) or [])
+    lw = sorted((k for k in g if k[:3] == (4, 0.1, "global") and "latency weight" in k[3]
+                 and (4, 0.1, "global", "lasso", k[4]) in g), key=lambda k: k[4])
+    if not lw:
+        return "No run of the long protocol with --latency-weight yet (results/cifar10_selection_long.json)."
+    k = lw[-1]
+    a, b = g[k], g[(4, 0.1, "global", "lasso", k[4])]
+    d = mean_std([e["top1"] for e in a])[0] - mean_std([e["top1"] for e in b])[0]
+    return (f"N=4, r=0.1, {k[4]}k training images seen (the long protocol): {k[3]} {profile(a)} against lasso "
+            f"{profile(b)}: {d:+.2f} points.")
 
 
 def page_section(data: dict) -> str:
