@@ -147,3 +147,15 @@ def test_long_section_compares_the_two_ways_of_meeting_the_joint_caps():
     assert "| 2 | 0.2 | joint | lasso, rooms-charged | 250k | 3 of 3 | 86.10 |" in text
     assert "85.60 +- 0.10 (3 seeds) against 86.10 +- 0.10 (3 seeds), +0.50 points" in lines[-1]
     assert "more than the two stds apart" in lines[-1]
+
+
+def test_paper_profile_states_what_is_reproduced_from_the_data():
+    row = {"nodes": 2, "ratio": 0.164, "traffic_reduction": 6.09, "flops_share": 0.55, "weights_per_node_share": 0.26}
+    data = {selection_long.PROFILE: [{**row, "name": f"n2_joint_s{s}", "top1": 84.0 + 0.2 * s} for s in range(3)]
+            + [{**row, "name": "resnet50", "traffic_reduction": 5.07, "top1": None}],
+            selection_long.DENSE: [{"name": "dense", "top1": 86.0}]}
+    text = selection_long.paper_profile(data)
+    assert "| n2_joint_s1 | 2 | 0.164 | 1/6.1 | 0.55 | 0.26 | 84.20 | -1.80 |" in text
+    assert "| resnet50 | 2 | 0.164 | 1/5.1 | 0.55 | 0.26 | - | - |" in text
+    assert "at 84.20 +- 0.20 top-1 (-1.80 points against dense 86.00; 3 seeds)" in text
+    assert "Not reproduced: the paper's ImageNet ResNet-50 accuracy" in text

@@ -62,6 +62,7 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "selection_long_budgets": (LONG, selection_long.budgets),
     "selection_long_messages": (LONG, selection_long.latency_weight_line),
     "selection_long_verdict": (LONG, selection_long.lasso_verdict),
+    "paper_profile": ((selection_long.PROFILE, selection_long.DENSE), selection_long.paper_profile),
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
     "placement": ("placement", placement_table),
