@@ -10,6 +10,7 @@ every run, so the sweep can span several sessions. Two processes run side by sid
 
     OMP_NUM_THREADS=1 nice -n 5 python recipes/selection/long.py --data ../shared/data/cifar10
     python recipes/selection/long.py --data ../shared/data/cifar10 --only joint   # rows whose name has 'joint'
+    python recipes/selection/long.py --data ../shared/data/cifar10 --tune   # the settings screen (validation split)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LENGTHS = (250_000, 100_000, 10_000)  # images seen; the targets' length first
 FIELDS = ("name", "budget", "selection", "nodes", "ratio", "target_ratio", "seed", "train_images_seen", "epochs",
           "train_subset", "val_split", "distill", "top1", "val_top1", "flops_total", "flops_dense",
           "params_per_node", "params_dense", "bytes", "dense_bytes", "messages_per_inference",
-          "lasso_weight", "latency_weight")
+          "lasso_weight", "latency_weight", "setting")
 
 
 def rows() -> list[tuple[str, dict]]:
@@ -64,10 +65,23 @@ def rows() -> list[tuple[str, dict]]:
     return out
 
 
+# a screen of the recipe's settings on the validation split (--tune): the joint budget at N=2 r=0.2, 100k images,
+# seed 0, one setting changed from the protocol's (lr 0.02, distillation 0.5, lasso 2.0, pruning over half the run)
+TUNE = {"lr0.05": {"lr": 0.05}, "lr0.01": {"lr": 0.01}, "distill0.9": {"distill": 0.9},
+        "prune0.3": {"prune_fraction": 0.3}, "lasso4": {"lasso": 4.0}}
+
+
+def tune_rows() -> list[tuple[str, dict]]:
+    base = {"nodes": 2, "ratio": 0.2, "budget": "joint", "selection": "lasso", "seed": 0, "train_images": 100_000}
+    return [(f"tune_joint_i100k_{name}_s0", {**base, **change, "setting": name}) for name, change in TUNE.items()]
+
+
 def run_one(runs: Path, data: str, name: str, cfg: dict) -> dict:
+    cfg = dict(cfg)
+    setting = cfg.pop("setting", "protocol")  # the screen's name for what it changed
     config = {"epochs": 1, "distill": 0.5, "val_split": VAL_SPLIT, **cfg}
     return sparsify_cached(runs, DENSE, data, name, config, 1, seed=cfg["seed"], train_subset=None,
-                           distill=config["distill"], val_split=VAL_SPLIT,
+                           distill=config["distill"], val_split=VAL_SPLIT, setting=setting,
                            lasso_weight=cfg.get("lasso_weight", "bytes"), latency_weight=cfg.get("latency_weight", 0.0))
 
 
@@ -87,13 +101,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
     p.add_argument("--only", default="", help="run only the rows whose name contains this")
+    p.add_argument("--tune", action="store_true",
+                   help="the screen of settings (runs/selection_tune -> results/cifar10_selection_tune.json)")
     p.add_argument("--workers", type=int, default=2, help="runs side by side, one thread each (default: 2)")
-    p.add_argument("--runs", default=str(ROOT / "runs" / "selection_long"))
-    p.add_argument("--result", default=str(ROOT / "results" / "cifar10_selection_long.json"))
+    p.add_argument("--runs", help="default: runs/selection_long (--tune: runs/selection_tune)")
+    p.add_argument("--result", help="default: results/cifar10_selection_long.json (--tune: ..._tune.json)")
     a = p.parse_args()
-    runs, result = Path(a.runs), Path(a.result)
+    kind = "tune" if a.tune else "long"
+    runs = Path(a.runs or ROOT / "runs" / f"selection_{kind}")
+    result = Path(a.result or ROOT / "results" / f"cifar10_selection_{kind}.json")
     runs.mkdir(parents=True, exist_ok=True)
-    todo = [(n, c) for n, c in rows() if a.only in n and not (runs / f"{n}.json").is_file()]
+    todo = [(n, c) for n, c in (tune_rows() if a.tune else rows()) if a.only in n and not (runs / f"{n}.json").is_file()]
     print(f"{len(todo)} run(s) to do", flush=True)
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that has started torch threads
     with ProcessPoolExecutor(max(1, a.workers), mp_context=ctx) as pool:
