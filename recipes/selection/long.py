@@ -111,7 +111,8 @@ def main() -> None:
     runs = Path(a.runs or ROOT / "runs" / f"selection_{kind}")
     result = Path(a.result or ROOT / "results" / f"cifar10_selection_{kind}.json")
     runs.mkdir(parents=True, exist_ok=True)
-    todo = [(n, c) for n, c in (tune_rows() if a.tune else rows()) if a.only in n and not (runs / f"{n}.json").is_file()]
+    todo = [(n, c) for n, c in (tune_rows() if a.tune else rows())
+            if a.only in n and not (runs / f"{n}.json").is_file()]
     print(f"{len(todo)} run(s) to do", flush=True)
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that has started torch threads
     with ProcessPoolExecutor(max(1, a.workers), mp_context=ctx) as pool:
