@@ -38,6 +38,15 @@ from .registry import register_model
 log = logging.getLogger(__name__)
 
 
+
+def feature_maps(blocks: tuple[nn.Module, ...], x: Tensor) -> list[Tensor]:
+    """The output of every block of a chain (the feature maps an SSD head reads)."""
+    out = []
+    for block in blocks:
+        x = block(x)
+        out.append(x)
+    return out
+
 class L2Norm(nn.Module):
     """``x / ||x||_2`` over the channels times a learned per-channel scale (SSD's conv4_3 L2Norm)."""
 
@@ -101,11 +110,7 @@ class TinyBackbone(nn.Module):
         self.out_channels = [2 * w] + [3 * w] * (levels - 1)
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        out = []
-        for block in (*self.features, *self.extra):
-            x = block(x)
-            out.append(x)
-        return out
+        return feature_maps((*self.features, *self.extra), x)
 
 
 class MobileNetExtractor(nn.Module):
@@ -116,11 +121,7 @@ class MobileNetExtractor(nn.Module):
         self.features, self.extra = tv_backbone.features, tv_backbone.extra
 
     def forward(self, x: Tensor) -> list[Tensor]:
-        out = []
-        for block in (*self.features, *self.extra):
-            x = block(x)
-            out.append(x)
-        return out
+        return feature_maps((*self.features, *self.extra), x)
 
 
 @dataclass
