@@ -38,12 +38,22 @@ def build_model(name: str, weights: str | Path | None = None, new_head: bool = F
         import torchvision
 
         if name in torchvision.models.list_models():
-            model = torchvision.models.get_model(name, weights=None, **kwargs)
+            model = torchvision.models.get_model(name, weights=None, **_no_download(name, kwargs))
         else:
             model = _timm_model(name, kwargs)
     if weights is not None:
         load_weights(model, weights, new_head=new_head)
     return model.eval()
+
+
+def _no_download(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """torchvision builders with a backbone default to ImageNet backbone weights (a download): none unless asked."""
+    import inspect
+
+    import torchvision
+
+    params = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+    return {"weights_backbone": None, **kwargs} if "weights_backbone" in params else kwargs
 
 
 def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
