@@ -21,7 +21,7 @@ SELECTIONS = ("magnitude", "taylor", "random", "lasso")
 class GradualPruner:
     """Every ``every`` steps, lower r along the cubic schedule and keep the best-scoring links.
 
-    Pruning ends after ``prune_steps`` steps exactly at ``target``; the rest of the run
+    Pruning ends after ``prune_steps`` steps exactly at ``target_ratio``; the rest of the run
     fine-tunes the final kept set. Links are never regrown.
 
     ``lasso``: during the first half of the pruning phase no link is dropped; after every
@@ -36,7 +36,7 @@ class GradualPruner:
     """
 
     def __init__(
-        self, dm: DiscoModel, target: float, prune_steps: int, *, budget: str = "global",
+        self, dm: DiscoModel, target_ratio: float, prune_steps: int, *, budget: str = "global",
         selection: str = "magnitude", every: int = 50, taylor_fn: Callable[[DiscoModel], np.ndarray] | None = None,
         seed: int = 0, lasso: float = 2.0, lr_at: Callable[[int], float] | None = None,
         select_options: dict[str, Any] | None = None, lasso_weights: np.ndarray | None = None,
@@ -47,7 +47,7 @@ class GradualPruner:
             raise ValueError("taylor selection needs taylor_fn (a callable computing Taylor scores)")
         if selection == "lasso" and (lr_at is None or lasso <= 0):
             raise ValueError("lasso selection needs lr_at (the learning rate at a step) and a strength lasso > 0")
-        self.dm, self.target, self.prune_steps = dm, target, max(1, prune_steps)
+        self.dm, self.target_ratio, self.prune_steps = dm, target_ratio, max(1, prune_steps)
         self.budget, self.selection, self.every = budget, selection, max(1, every)
         self.taylor_fn, self.seed = taylor_fn, seed
         self.done = False
@@ -72,7 +72,7 @@ class GradualPruner:
             return
         if self._group is not None and step <= self.start:
             norms = self._group.norms()
-            keep = select_links(self.dm.partition, norms, self.target, self.budget, within=self.dm.kept,
+            keep = select_links(self.dm.partition, norms, self.target_ratio, self.budget, within=self.dm.kept,
                                 **self.select_options)
             strength = self.lasso * step / max(1, self.start)
             self._group.prox(self.lr_at(step - 1) * strength, self.dm.kept & ~keep)
@@ -82,13 +82,13 @@ class GradualPruner:
                          self.dm.partition.links.values[zero].sum() / self.dm.partition.dense_values())
         if step < self.start or (step % self.every and step < self.prune_steps):
             return
-        r = cubic_ratio(step - self.start, self.prune_steps - self.start, self.target)
+        r = cubic_ratio(step - self.start, self.prune_steps - self.start, self.target_ratio)
         kept = select_links(self.dm.partition, self.scores(), r, self.budget, within=self.dm.kept,
                             **self.select_options)
         self.dm.set_kept(kept)
         if step >= self.prune_steps:
             self.done = True
-            log.info("pruning done at step %d: r = %.4f (target %.4f)", step, self.dm.ratio, self.target)
+            log.info("pruning done at step %d: r = %.4f (target %.4f)", step, self.dm.ratio, self.target_ratio)
 
     def state_dict(self) -> dict[str, Any]:
         return {"kept": self.dm.kept.copy(), "done": self.done}

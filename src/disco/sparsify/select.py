@@ -249,7 +249,7 @@ def _joint(part: Partition, scores: np.ndarray, ratio: float, cand: np.ndarray, 
 _WARNED: set[str] = set()
 
 
-def cubic_ratio(step: int, total: int, target: float) -> float:
-    """Gradual pruning schedule: r goes from 1 to ``target`` along a cubic (Zhu & Gupta, 2017)."""
+def cubic_ratio(step: int, total: int, target_ratio: float) -> float:
+    """Gradual pruning schedule: r goes from 1 to ``target_ratio`` along a cubic (Zhu & Gupta, 2017)."""
     frac = min(1.0, max(0.0, step / max(1, total)))
-    return target + (1.0 - target) * (1.0 - frac) ** 3
+    return target_ratio + (1.0 - target_ratio) * (1.0 - frac) ** 3
