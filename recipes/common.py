@@ -86,6 +86,17 @@ def add_args(p: argparse.ArgumentParser, *, runs: Path | None, dense_epochs: int
     p.add_argument("--only", nargs="*", help="run only these names (e.g. n2_r0.1)")
 
 
+def add_image_task_args(p: argparse.ArgumentParser, *, data: str, data_help: str, model: str, runs: Path,
+                        dense_epochs: int, epochs: int, batch_size: int, optimizer: str) -> None:
+    """The options of the dense-then-DISCO image-to-image recipes (super-resolution, segmentation)."""
+    p.add_argument("--data", default=data, help=data_help)
+    p.add_argument("--model", default=model)
+    add_args(p, runs=runs, dense_epochs=dense_epochs, epochs=epochs)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--lr", type=float, default=1e-3, help=f"dense {optimizer} learning rate (cosine to 0)")
+    p.add_argument("--ft-lr", type=float, default=5e-4, help=f"DISCO fine-tuning {optimizer} learning rate")
+
+
 def cached(path: Path, fn: Callable[[], dict], source: Path | None = None) -> dict:
     """``fn()``'s result, stored in ``path`` so that a rerun skips it (unless ``source`` is newer)."""
     if path.is_file() and (source is None or path.stat().st_mtime >= source.stat().st_mtime):

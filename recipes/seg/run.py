@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import Recipe, Run, add_args, drive, ratio_sweep, with_args, write_results  # noqa: E402
+from common import Recipe, Run, add_image_task_args, drive, ratio_sweep, with_args, write_results  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,13 +48,10 @@ def metrics_of(res: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "camvid"),
-                   help="CamVid folder (holding CamVid/train, CamVid/trainannot, ...)")
-    p.add_argument("--model", default="deeplabv3plus_tiny")
-    add_args(p, runs=ROOT / "runs" / "seg", dense_epochs=150, epochs=40)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3, help="dense AdamW learning rate (cosine to 0)")
-    p.add_argument("--ft-lr", type=float, default=5e-4, help="DISCO fine-tuning AdamW learning rate")
+    add_image_task_args(p, data=str(ROOT.parent / "shared" / "data" / "camvid"),
+                        data_help="CamVid folder (holding CamVid/train, CamVid/trainannot, ...)",
+                        model="deeplabv3plus_tiny", runs=ROOT / "runs" / "seg", dense_epochs=150, epochs=40,
+                        batch_size=8, optimizer="AdamW")
     p.add_argument("--wd", type=float, default=1e-4, help="AdamW weight decay (dense and DISCO)")
     p.add_argument("--image", type=int, default=40, help="index of the test image of the picture")
     return p

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
-from common import Recipe, Run, add_args, drive, ratio_sweep, with_args, write_results  # noqa: E402
+from common import Recipe, Run, add_image_task_args, drive, ratio_sweep, with_args, write_results  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -61,13 +61,9 @@ def metrics_of(res: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"),
-                   help="folder holding t91/ (or train/), set5/, set14/, bsd100/")
-    p.add_argument("--model", default="rrdbnet_tiny")
-    add_args(p, runs=ROOT / "runs" / "sr", dense_epochs=300, epochs=20)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3, help="dense Adam learning rate (cosine to 0)")
-    p.add_argument("--ft-lr", type=float, default=5e-4, help="DISCO fine-tuning Adam learning rate")
+    add_image_task_args(p, data=str(ROOT.parent / "shared" / "data"),
+                        data_help="folder holding t91/ (or train/), set5/, set14/, bsd100/", model="rrdbnet_tiny",
+                        runs=ROOT / "runs" / "sr", dense_epochs=300, epochs=20, batch_size=16, optimizer="Adam")
     p.add_argument("--image", default="comic", help="the Set14 image of the picture")
     return p
 
