@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +85,10 @@ def run_one(runs: Path, data: str, name: str, cfg: dict) -> dict:
                            lasso_weight=cfg.get("lasso_weight", "bytes"), latency_weight=cfg.get("latency_weight", 0.0))
 
 
+def _run(args: tuple) -> dict:
+    return run_one(*args)
+
+
 def collect(runs: Path, result: Path) -> None:
     """Every finished run of ``runs`` into ``result`` with the fields above, sorted."""
     entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
@@ -115,12 +119,14 @@ def main() -> None:
             if a.only in n and not (runs / f"{n}.json").is_file()]
     print(f"{len(todo)} run(s) to do", flush=True)
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that has started torch threads
-    with ProcessPoolExecutor(max(1, a.workers), mp_context=ctx) as pool:
-        futures = [pool.submit(run_one, runs, a.data, n, c) for n, c in todo]
-        for f in futures:
-            f.result()
-            collect(runs, result)
-    collect(runs, result)
+    pool = ctx.Pool(max(1, a.workers))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` stops the runs too (they resume later)
+    try:
+        for _ in pool.imap_unordered(_run, [(runs, a.data, n, c) for n, c in todo]):
+            collect(runs, result)  # after every run, so that a long sweep's results are there as they come
+    finally:
+        pool.terminate()  # no orphan keeps training into a run's files after this process ends
+        collect(runs, result)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 checkpoints (CIFAR ResNet-20, N=2 r=0.2, 250k images seen, each seed) beside ResNet-50's at the same setting
 (a model name: counted only, no accuracy), written to results/paper_profile.json.
 
-    python recipes/selection/profile.py        # needs runs/selection_long/ from recipes/selection/long.py
+    python recipes/selection/paper_profile.py        # needs runs/selection_long/ from recipes/selection/long.py
 """
 
 from __future__ import annotations
