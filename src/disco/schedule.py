@@ -222,6 +222,13 @@ class _Builder:
         for (s, r) in sorted(self.links.get(name, {})):
             self.steps[s].append(self.link_message("send", name, s, r))
 
+    def leftovers(self) -> None:
+        """Receives no remote half waited for (none with a consistent partition): awaited before the outputs."""
+        for j in range(self.n):
+            for t, pairs in self.links.items():
+                if t not in self.waited[j]:
+                    self.steps[j] += [self.link_message("recv", t, s, j) for s in range(self.n) if (s, j) in pairs]
+
     def outputs(self, names: list[str]) -> None:
         for name in names:
             own, cdim = self.part.owner[name], self.part.cdim[name]
@@ -264,6 +271,7 @@ def build(part: Partition, kept: np.ndarray | None = None) -> list[RankSchedule]
             for st in b.steps:
                 st.append(Run(nd.name))
         b.sends(nd.name)
+    b.leftovers()
     b.outputs(outs)
     shapes = {nd.name: shape_of(nd) for nd in nodes}
     return [RankSchedule(j, part.nodes, [Port(x, shapes[x]) for x in ins], [Port(x, shapes[x]) for x in outs],
