@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import Tensor, fx, nn
 
-from ..graph import REPLICATED
 from ..graph.capture import shape_of
 from ..graph.ops import Flatten
+from ..schedule import Message, Run
 from .plan import MixPlan, RankPlan, local_shape
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ class Transport(Protocol):
 
 
 class Executor:
-    """Rank ``plan.rank``'s program over a transport, holding only its own weights."""
+    """Rank ``plan.rank``'s program over a transport, holding only its own weights: it executes the rank's
+    schedule (:mod:`disco.schedule`) step by step."""
 
     def __init__(self, plan: RankPlan, gm: fx.GraphModule, weights: dict[str, Tensor], transport: Transport) -> None:
         self.plan, self.gm, self.w, self.tr = plan, gm, weights, transport
@@ -50,13 +51,14 @@ class Executor:
             if name not in keep:
                 self.frees.setdefault(max(last, live.views_until.get(name, 0)), []).append(name)
         self.order = live.order
-        out_ranks = {}
-        for name in plan.outputs:
-            own = plan.part.owner[name]
-            out_ranks[name] = {j: torch.as_tensor(np.nonzero(own == j)[0]) for j in range(plan.part.nodes)}
-        self.out_ranks = out_ranks
-        reduces = [nd.name for nd in plan.graph_nodes if plan.part.op(nd.name).kind == "reduce"]
-        self.stats_tags = {name: RankPlan.TAG_STATS + k for k, name in enumerate(reduces)}
+        steps = plan.schedule.steps
+        self.remote = {s.node for s in steps if isinstance(s, Run) and s.half == "remote"}
+        self.halves = {"all": self._node, "local": self._local, "remote": self._remote, "partial": self._partial,
+                       "finish": self._finish}
+        self.messages = {("send", "links"): self._send_links, ("recv", "links"): self._recv_links,
+                         ("send", "stats"): self._send_stats, ("recv", "stats"): self._recv_stats,
+                         ("send", "input"): self._send_input, ("recv", "input"): self._recv_input,
+                         ("send", "output"): self._send_output, ("recv", "output"): self._recv_output}
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -72,62 +74,91 @@ class Executor:
             return getattr(args[0], nd.target)(*args[1:], **kwargs)
         raise ValueError(f"cannot execute {nd.op} {nd.name}")
 
-    def _recv_view(self, name: str, renv: dict[str, Tensor], pending: dict[str, list]) -> Tensor:
+    def _recv_view(self, name: str) -> Tensor:
+        renv = self._renv
         if name in renv:
             return renv[name]
         plan = self.plan
         nd = plan.by_name[name]
         rule = plan.part.rules.get(name)
-        if name in pending:  # a base tensor with channels arriving
+        if name in self._arrived:  # a base tensor whose channels arrived
             ex = plan.exchanges[name]
-            parts = [h.wait() for _, h in pending.pop(name)]
+            got = self._arrived.pop(name)
+            parts = [got[s] for s in sorted(got)]
             t = parts[0] if len(parts) == 1 else torch.cat(parts, ex.cdim)
-            if len(parts) > 1:
-                t = t.index_select(ex.cdim, ex.recv_perm)
-            val = t
+            val = t.index_select(ex.cdim, ex.recv_perm) if len(parts) > 1 else t
         elif name in plan.gather_recv:
             src, pos = plan.gather_recv[name]
-            val = self._recv_view(src, renv, pending).index_select(plan.part.cdim[src], pos)
+            val = self._recv_view(src).index_select(plan.part.cdim[src], pos)
         elif name in plan.part.relayed:  # sent before this channel-local op: apply it to what arrived
-            inplace = bool(nd.kwargs.get("inplace")) or str(nd.target).endswith("_")
-            if nd.op == "call_module":
-                mod = self.recv_mods.get(name) or self.gm.get_submodule(nd.target)
-                inplace = inplace or bool(getattr(mod, "inplace", False))
-
-            received: list[int] = []
-
-            def arg(a: fx.Node) -> Any:
-                if plan.part.owner.get(a.name) is None:
-                    return self._env[a.name]
-                v = self._recv_view(a.name, renv, pending)
-                received.append(v.shape[plan.part.cdim[a.name]])
-                return v.clone() if inplace else v  # the received view may feed other consumers
-
-            args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), arg)
-            if received and not any(received):  # nothing arrived: some ops (interpolate) refuse empty input
-                val = torch.zeros(local_shape(plan, name, 0))
-            else:
-                val = mod(*args, **kwargs) if nd.op == "call_module" else self._call(nd, args, kwargs)
+            val = self._relayed(nd)
         elif rule is not None and rule.kind == "view":
             if isinstance(rule, Flatten):
                 src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
-                val = self._recv_view(src.name, renv, pending).reshape(local_shape(plan, name, len(plan.recv[name])))
+                val = self._recv_view(src.name).reshape(local_shape(plan, name, len(plan.recv[name])))
             else:
                 args, kwargs = fx.node.map_arg(
                     (nd.args, nd.kwargs),
-                    lambda a: self._recv_view(a.name, renv, pending) if plan.part.owner.get(a.name) is not None
-                    else self._env[a.name])
+                    lambda a: self._recv_view(a.name) if plan.part.owner.get(a.name) is not None else self._env[a.name])
                 val = self._call(nd, args, kwargs)
         else:
             val = torch.zeros(local_shape(plan, name, 0))
         renv[name] = val
         return val
 
-    def _mixing(self, mp: MixPlan, x: Tensor, renv: dict[str, Tensor], pending: dict[str, list]) -> Tensor:
-        m = self.mix_modules[mp.node]
-        k = mp.kernel
+    def _relayed(self, nd: fx.Node) -> Tensor:
+        """A relayed channel-local op applied to the channels this rank received."""
+        plan = self.plan
+        inplace = bool(nd.kwargs.get("inplace")) or str(nd.target).endswith("_")
+        mod = None
+        if nd.op == "call_module":
+            mod = self.recv_mods.get(nd.name) or self.gm.get_submodule(nd.target)
+            inplace = inplace or bool(getattr(mod, "inplace", False))
+        received: list[int] = []
+
+        def arg(a: fx.Node) -> Any:
+            if plan.part.owner.get(a.name) is None:
+                return self._env[a.name]
+            v = self._recv_view(a.name)
+            received.append(v.shape[plan.part.cdim[a.name]])
+            return v.clone() if inplace else v  # the received view may feed other consumers
+
+        args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), arg)
+        if received and not any(received):  # nothing arrived: some ops (interpolate) refuse empty input
+            return torch.zeros(local_shape(plan, nd.name, 0))
+        return mod(*args, **kwargs) if mod is not None else self._call(nd, args, kwargs)
+
+    # ---- the halves of a run step ---------------------------------------------------------
+
+    def _node(self, nd: fx.Node) -> Any:
+        """An ordinary op on this rank's channels."""
+        plan, env, name = self.plan, self._env, nd.name
+        if nd.op == "get_attr":  # a mixing op's own weight is in its blocks, not here
+            return None if name in plan.part.param_nodes else self.w[f"attr.{nd.target}"]
+        if name in plan.gather_local:
+            src, pos = plan.gather_local[name]
+            return env[src].index_select(plan.part.cdim[src], pos)
+        rule = plan.part.rules.get(name)
+        if rule is not None and rule.kind == "split":  # its pieces are gathers from its input
+            return None
+        if rule is not None and isinstance(rule, Flatten):
+            src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
+            return env[src.name].reshape(local_shape(plan, name, len(plan.local[name])))
+
+        def get(a: fx.Node) -> Any:
+            v = env[a.name]
+            idx = plan.conform.get((name, a.name))
+            return v if idx is None else v.index_select(plan.part.cdim[a.name], idx)
+
+        args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), get)
+        return self._call(nd, args, kwargs)
+
+    def _local(self, nd: fx.Node) -> Any:
+        """The local half of a mixing op: runs while remote channels are in flight."""
+        mp = self.plan.mix[nd.name]
+        m, k, x = self.mix_modules[mp.node], mp.kernel, self._env[mp.input]
         ys: list[Tensor | None] = []
-        for b, blk in enumerate(mp.blocks):  # the local half: runs while remote channels are in flight
+        for b, blk in enumerate(mp.blocks):
             wl = self.w[mp.weight_names(b)[0]]
             if blk.depthwise:
                 ys.append(k.apply(m, x, wl, None, groups=x.shape[mp.in_cdim]))
@@ -136,19 +167,28 @@ class Executor:
                 ys.append(k.apply(m, xl, wl, None))
             else:
                 ys.append(None)
-        if any(len(blk.rcv) for blk in mp.blocks):
-            xr = self._recv_view(mp.input, renv, pending)
-            for b, blk in enumerate(mp.blocks):
-                if not len(blk.rcv):
-                    continue
-                xs = xr if len(blk.rcv) == xr.shape[mp.in_cdim] else xr.index_select(mp.in_cdim, blk.rcv)
-                yr = k.apply(m, xs, self.w[mp.weight_names(b)[1]], None)
-                ys[b] = yr if ys[b] is None else ys[b] + yr
-        outs = []
-        for blk, y in zip(mp.blocks, ys, strict=True):
-            if y is None:
-                y = torch.zeros(tuple(s if d != mp.out_cdim else blk.n_rows for d, s in enumerate(mp.out_shape)))
-            outs.append(y)
+        if nd.name in self.remote:
+            self._partial_out[nd.name] = ys
+            return None
+        return self._mix_out(mp, ys)
+
+    def _remote(self, nd: fx.Node) -> Any:
+        """The received half of a mixing op, added to its local half."""
+        mp = self.plan.mix[nd.name]
+        m, k = self.mix_modules[mp.node], mp.kernel
+        ys = self._partial_out.pop(nd.name)
+        xr = self._recv_view(mp.input)
+        for b, blk in enumerate(mp.blocks):
+            if not len(blk.rcv):
+                continue
+            xs = xr if len(blk.rcv) == xr.shape[mp.in_cdim] else xr.index_select(mp.in_cdim, blk.rcv)
+            yr = k.apply(m, xs, self.w[mp.weight_names(b)[1]], None)
+            ys[b] = yr if ys[b] is None else ys[b] + yr
+        return self._mix_out(mp, ys)
+
+    def _mix_out(self, mp: MixPlan, ys: list[Tensor | None]) -> Tensor:
+        outs = [torch.zeros(tuple(s if d != mp.out_cdim else blk.n_rows for d, s in enumerate(mp.out_shape)))
+                if y is None else y for blk, y in zip(mp.blocks, ys, strict=True)]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, mp.out_cdim) if outs else torch.zeros(mp.out_shape)
         if mp.bias:
             shape = [1] * out.dim()
@@ -156,24 +196,56 @@ class Executor:
             out = out + self.w[f"{mp.layer}.bias"].view(shape)
         return out
 
-    def _reduce(self, nd: fx.Node, x: Tensor) -> Tensor:
-        """A channel reduction (LayerNorm, L2 norm) over channels split across nodes, exact: every node
-        sends its per-position statistics over its own channels to every other node; the rule combines them."""
-        plan, tr = self.plan, self.tr
-        rule = plan.part.rules[nd.name]
-        mod = (self.mods.get(nd.name) or self.gm.get_submodule(nd.target)) if nd.op == "call_module" else None
-        cdim = plan.part.cdim[nd.name]
-        owner = plan.part.owner[nd.name]
-        counts = torch.as_tensor(np.bincount(owner, minlength=plan.part.nodes), dtype=x.dtype)
-        tag = self.stats_tags[nd.name]
-        mine = rule.partial(x, cdim)
-        handles = {j: tr.recv(tag, j, tuple(mine.shape), coded=False) for j in range(plan.part.nodes)
-                   if j != plan.rank}
-        for j in handles:
-            tr.send(tag, j, mine, coded=False, stats=True)
-        parts = {plan.rank: mine, **{j: h.wait() for j, h in handles.items()}}
+    def _partial(self, nd: fx.Node) -> Any:
+        """A channel reduction (LayerNorm, L2 norm) split across ranks, exact: this rank's per-position
+        statistics over its own channels, which the stats messages exchange."""
+        x = self._env[nd.all_input_nodes[0].name]
+        self._stats[nd.name] = {self.plan.rank: self.plan.part.rules[nd.name].partial(x, self.plan.part.cdim[nd.name])}
+        return None
+
+    def _finish(self, nd: fx.Node) -> Any:
+        plan = self.plan
+        parts = self._stats.pop(nd.name)
         st = torch.stack([parts[j] for j in range(plan.part.nodes)])  # [N, ..., stats]
-        return rule.finish(mod, nd, x, cdim, st, counts)
+        counts = torch.as_tensor(np.bincount(plan.part.owner[nd.name], minlength=plan.part.nodes), dtype=st.dtype)
+        mod = (self.mods.get(nd.name) or self.gm.get_submodule(nd.target)) if nd.op == "call_module" else None
+        x = self._env[nd.all_input_nodes[0].name]
+        return plan.part.rules[nd.name].finish(mod, nd, x, plan.part.cdim[nd.name], st, counts)
+
+    # ---- messages -------------------------------------------------------------------------
+
+    def _send_links(self, m: Message) -> None:
+        ex = self.plan.exchanges[m.value]
+        self.tr.send(m.tag, m.peer, self._env[m.value].index_select(m.axis, ex.sends[m.peer]),
+                     links=ex.send_links[m.peer])
+
+    def _recv_links(self, m: Message) -> None:
+        self._arrived.setdefault(m.value, {})[m.peer] = self._posted.pop((m.tag, m.peer)).wait()
+
+    def _send_stats(self, m: Message) -> None:
+        self.tr.send(m.tag, m.peer, self._stats[m.value][self.plan.rank], coded=False, stats=True)
+
+    def _recv_stats(self, m: Message) -> None:
+        self._stats[m.value][m.peer] = self._posted.pop((m.tag, m.peer)).wait()
+
+    def _send_input(self, m: Message) -> None:
+        self.tr.send(m.tag, m.peer, self._env[m.value], coded=False)
+
+    def _recv_input(self, m: Message) -> None:
+        self._set(m.value, self.tr.recv(m.tag, m.peer, m.shape, coded=False).wait())
+
+    def _set(self, name: str, val: Any) -> None:
+        self._env[name] = val
+        if self.record is not None and isinstance(val, Tensor):
+            self.record[name] = val
+
+    def _send_output(self, m: Message) -> None:
+        pos = torch.as_tensor(np.searchsorted(self.plan.local[m.value], m.channels))
+        self.tr.send(m.tag, m.peer, self._env[m.value].index_select(m.axis, pos), coded=False)
+
+    def _recv_output(self, m: Message) -> None:
+        h = self.tr.recv(m.tag, m.peer, m.shape, coded=False)
+        self._gathered.append((m.value, m.axis, torch.as_tensor(m.channels), h))
 
     # ---- one inference --------------------------------------------------------------------
 
@@ -186,105 +258,50 @@ class Executor:
         """Run this rank's part of one inference; returns ``finish()`` that gathers the output (leader).
 
         With ``flush=False`` the sends may still be in flight when this returns (streaming)."""
-        plan, tr = self.plan, self.tr
-        leader = plan.rank == 0
-        n = plan.part.nodes
-        pending: dict[str, list] = {}
-        for t, ex in plan.exchanges.items():  # post every receive up front
-            if ex.recvs:
-                pending[t] = [(s, tr.recv(ex.tag, s, ex.msg_shape(c))) for s, c in ex.recvs.items()]
-        env: dict[str, Any] = dict(plan.fixed_args)
-        self._env = env
-        renv: dict[str, Tensor] = {}
-        for k, name in enumerate(plan.inputs):
-            if leader:
-                x = inputs[k]
-                for dst in range(1, n):
-                    tr.send(RankPlan.TAG_INPUT, dst, x, coded=False)
-            else:
-                x = tr.recv(RankPlan.TAG_INPUT, 0, shape_of(plan.by_name[name]), coded=False).wait()
-            env[name] = x
-        for k, nd in enumerate(plan.graph_nodes):
-            name = nd.name
-            if nd.op in ("placeholder", "output"):
-                pass
-            elif nd.op == "get_attr":  # a mixing op's own weight is in its blocks, not here
-                env[name] = None if name in plan.part.param_nodes else self.w[f"attr.{nd.target}"]
-            elif name in plan.mix:
-                mp = plan.mix[name]
-                env[name] = self._mixing(mp, env[mp.input], renv, pending)
-            elif name in plan.gather_local:
-                src, pos = plan.gather_local[name]
-                env[name] = env[src].index_select(plan.part.cdim[src], pos)
-            else:
-                rule = plan.part.rules.get(name)
-                if rule is not None and rule.kind == "split":  # its pieces are gathers from its input
-                    env[name] = None
-                elif rule is not None and rule.kind == "reduce" and not (plan.part.owner[name] == REPLICATED).all():
-                    env[name] = self._reduce(nd, env[nd.all_input_nodes[0].name])
-                elif rule is not None and isinstance(rule, Flatten):
-                    src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
-                    env[name] = env[src.name].reshape(local_shape(plan, name, len(plan.local[name])))
-                else:
-                    def get(a: fx.Node, name: str = name, conform: dict = plan.conform) -> Any:
-                        v = env[a.name]
-                        idx = conform.get((name, a.name))
-                        return v if idx is None else v.index_select(plan.part.cdim[a.name], idx)
-
-                    args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), get)
-                    env[name] = self._call(nd, args, kwargs)
-            if self.record is not None and isinstance(env.get(name), Tensor):
-                self.record[name] = env[name]
-            ex = plan.sends_after.get(name)
-            if ex is not None:
-                v = env[name]
-                for dst, idx in ex.sends.items():
-                    tr.send(ex.tag, dst, v.index_select(ex.cdim, idx), links=ex.send_links[dst])
-            for f in self.frees.get(k, ()):
-                env.pop(f, None)
-                renv.pop(f, None)
-        for hs in pending.values():  # receives no op waited for (cannot happen with a consistent plan)
-            for _, h in hs:
-                h.wait()
-        finish = self._gather(env)
+        plan = self.plan
+        self._env = env = dict(plan.fixed_args)
+        self._renv, self._arrived, self._stats, self._partial_out = {}, {}, {}, {}
+        self._gathered: list[tuple[str, int, Tensor, Handle]] = []
+        self._posted = {(m.tag, m.peer): self.tr.recv(m.tag, m.peer, m.shape, coded=m.kind == "links")
+                        for m in plan.schedule.messages("recv") if m.kind in ("links", "stats")}  # up front
+        if plan.rank == 0:
+            for name, x in zip(plan.inputs, inputs or [], strict=True):
+                self._set(name, x)
+        freed = 0
+        for st in plan.schedule.steps:
+            if isinstance(st, Message):
+                self.messages[(st.op, st.kind)](st)
+                continue
+            at = self.order[st.node]
+            for k in range(freed, at):  # values last used before this node
+                for f in self.frees.get(k, ()):
+                    env.pop(f, None)
+                    self._renv.pop(f, None)
+            freed = max(freed, at)
+            val = self.halves[st.half](plan.by_name[st.node])
+            if st.half in ("all", "finish", "remote") or (st.half == "local" and st.node not in self.remote):
+                self._set(st.node, val)
+        finish = self._gather()
         if flush:
-            tr.flush()
+            self.tr.flush()
         return finish
 
-    def _gather(self, env: dict[str, Any]) -> Any:
-        plan, tr = self.plan, self.tr
-        leader = plan.rank == 0
+    def _gather(self) -> Any:
+        plan, env = self.plan, self._env
+        if plan.rank != 0:
+            return lambda: None
         full: dict[str, Tensor] = {}
         for name in plan.outputs:
-            own = plan.part.owner[name]
-            cdim = plan.part.cdim[name]
             v = env[name]
-            if not leader:
-                idx = self.out_ranks[name][plan.rank]
-                if len(idx) and not (own == REPLICATED).all():
-                    pos = torch.as_tensor(np.searchsorted(plan.local[name], idx.numpy()))
-                    tr.send(RankPlan.TAG_OUTPUT, 0, v.index_select(cdim, pos), coded=False)
-                continue
             out = torch.empty(shape_of(plan.by_name[name]), dtype=v.dtype)
-            out.index_copy_(cdim, torch.as_tensor(plan.local[name]), v)
-            parts = []
-            for j in range(1, plan.part.nodes):
-                idx = self.out_ranks[name][j]
-                if len(idx) and not (own == REPLICATED).all():
-                    shp = list(out.shape)
-                    shp[cdim] = len(idx)
-                    parts.append((idx, tr.recv(RankPlan.TAG_OUTPUT, j, tuple(shp), coded=False)))
-            full[name] = (out, cdim, parts)
+            out.index_copy_(plan.part.cdim[name], torch.as_tensor(plan.local[name]), v)
+            full[name] = out
+        gathered = self._gathered
 
         def finish() -> Any:
-            if not leader:
-                return None
-            done = {}
-            for name, (out, cdim, parts) in full.items():
-                for idx, h in parts:
-                    out.index_copy_(cdim, idx, h.wait())
-                done[name] = out
-            return fx.node.map_arg(plan.output_node.args[0], lambda a: done[a.name])
+            for name, axis, idx, h in gathered:
+                full[name].index_copy_(axis, idx, h.wait())
+            return fx.node.map_arg(plan.output_node.args[0], lambda a: full[a.name])
 
         return finish
 
