@@ -156,7 +156,7 @@ def _serve(opts: RunOptions, rank: int, prep: Prepared, w: Wired, store: Deadlin
     from .transport import PeerError
 
     try:
-        err = self_test(w.ex, w.tr, store, rank, prep.probe, opts.max_rel_err, opts.timeout)
+        err = self_test(w.ex, w.tr, store, rank, w.wd.world, prep.probe, opts.max_rel_err, opts.timeout)
         data_metrics = run_data(opts, prep.man, w.ex, store, rank) if opts.data else None
         w.tr.reset_counters()  # the report's byte counts are per inference
         lat, first, per_inf, stream_s, rss = timed(opts, w.ex, w.tr, [prep.x] if rank == 0 else None, rank)

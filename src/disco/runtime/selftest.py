@@ -37,8 +37,15 @@ def _leader_verdict(out: Any, ref: Reference, limit: float) -> dict[str, Any]:
     return {"ok": True, "err": err}
 
 
-def self_test(ex: Any, tr: Any, store: DeadlineStore, rank: int, probe: tuple[torch.Tensor, Reference] | None,
-              limit: float | None, timeout: float) -> float | None:
+def _wait_seen(store: DeadlineStore, world: int) -> None:
+    try:
+        wait_keys(store, [f"{KEY}-seen/{r}" for r in range(1, world)], 5.0, "self-test")
+    except RunFailure:  # a peer that does not read it is ended by its watchdog
+        pass
+
+
+def self_test(ex: Any, tr: Any, store: DeadlineStore, rank: int, world: int,
+              probe: tuple[torch.Tensor, Reference] | None, limit: float | None, timeout: float) -> float | None:
     """Run the reference input once on every rank (``probe`` on rank 0, None elsewhere) with the fp32 codec;
     rank 0 compares and publishes the verdict, every rank raises :class:`RunFailure` on a failed test.
     Returns the error found (rank 0) or None."""
@@ -52,9 +59,12 @@ def self_test(ex: Any, tr: Any, store: DeadlineStore, rank: int, probe: tuple[to
     if probe is not None:  # rank 0
         verdict = _leader_verdict(out, probe[1], DEFAULT_MAX_REL_ERR if limit is None else limit)
         store.set(KEY, json.dumps(verdict))
+        if not verdict["ok"]:  # the store lives here: let every node read why before leaving
+            _wait_seen(store, world)
     else:
         wait_keys(store, [KEY], timeout, "waiting for the self-test")
         verdict = json.loads(store.get(KEY))
+        store.set(f"{KEY}-seen/{rank}", "1")
     if not verdict["ok"]:
         raise RunFailure(f"self-test failed on rank 0 (the leader, which compares the output): {verdict['why']}")
     return verdict.get("err") if probe is not None else None
