@@ -31,6 +31,44 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DISCO = [sys.executable, "-m", "disco.cli"]
+FAULT_ENV = "DISCO_FAULT"  # JSON {"rank", "at": startup|run|stream, "after", "signal": KILL|STOP}, read in the node
+FAULT_LOG_ENV = "DISCO_FAULT_LOG"  # the node appends the fault's time here; the case times the exit from it
+
+
+# ---- the node side: a hook the node program imports only when DISCO_NODE_HOOKS names this file -------------
+
+def _send_fault(rank: int, sig_name: str) -> None:
+    """This process sends itself SIGKILL or SIGSTOP, saying when on stderr (and in the fault log)."""
+    sig = signal.Signals["SIG" + sig_name.upper().removeprefix("SIG")]
+    now = time.time()
+    print(f"disco node {rank}: fault injection: {sig.name} at {now:.3f}", file=sys.stderr, flush=True)
+    if os.environ.get(FAULT_LOG_ENV):
+        with open(os.environ[FAULT_LOG_ENV], "a") as f:
+            f.write(f"{now:.3f}\n")
+    os.kill(os.getpid(), sig)
+
+
+def install_node_hooks(register: Callable[[str, Callable[..., None]], None]) -> None:
+    """Called by the node program (``disco.runtime.hooks``): rank ``rank`` sends itself ``signal`` right after
+    joining the store (``at="startup"``), before timed inference ``after`` (``"run"``) or before streamed
+    inference ``after`` (``"stream"``)."""
+    spec = json.loads(os.environ.get(FAULT_ENV) or "{}")
+    if not spec:
+        return
+    target, after, sig = int(spec["rank"]), int(spec.get("after", 1)), spec.get("signal", "KILL")
+    point = {"startup": "startup", "run": "inference", "stream": "stream"}[spec.get("at", "run")]
+
+    def hook(rank: int, k: int | None = None, i: int | None = None) -> None:
+        if rank == target and (point == "startup" or (k if k is not None else i) == after):
+            _send_fault(rank, sig)
+
+    register(point, hook)
+
+
+def fault_env(rank: int, at: str = "run", after: int = 1, sig: str = "KILL") -> dict[str, str]:
+    """The environment that makes rank ``rank`` of a run fail as :func:`install_node_hooks` describes."""
+    return {"DISCO_NODE_HOOKS": str(Path(__file__).resolve()),
+            FAULT_ENV: json.dumps({"rank": rank, "at": at, "after": after, "signal": sig})}
 
 
 @dataclass
@@ -39,6 +77,7 @@ class Case:
     what: str  # the table's description
     expect: int  # the exit code the case must give
     args: list[str] = field(default_factory=list)  # extra `disco run` options
+    fault: dict[str, str] = field(default_factory=dict)  # environment of an injected fault (fault_env)
     edit: Callable[[Path], None] | None = None  # damages the export copy
     signal_run: int | None = None  # sent to `disco run` once its nodes compute
     custom: Callable[[Path, float], dict] | None = None  # runs node programs itself
@@ -117,7 +156,7 @@ def _set(key: str, value: object) -> Callable[[Path], None]:
 # ---- running one case -------------------------------------------------------------------------------------
 
 def _env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), DISCO_FAULT_LOG=str(tmp / "faults.log"),
+    return dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), **{FAULT_LOG_ENV: str(tmp / "faults.log")},
                 **(extra or {}))
 
 
@@ -160,7 +199,7 @@ def run_cli_case(c: Case, d: Path, tmp: Path, timeout: float) -> Outcome:
     cmd = DISCO + ["run", str(d), "--nodes", "2", "--warmup", "0", "--iters", "100000", "--timeout", f"{timeout:g}",
                    "--startup-timeout", "30", *c.args]
     t_start = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(tmp))
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(tmp, c.fault))
     t_fault: list[float] = []
     if c.signal_run is not None:
         threading.Thread(target=_signal_when_computing, args=(p, d, c.signal_run, t_fault), daemon=True).start()
@@ -242,20 +281,17 @@ def wrong_token(c: Case, d: Path, tmp: Path) -> Outcome:
 
 
 def cases() -> list[Case]:
-    kill, stop = ["--fail-signal", "KILL"], ["--fail-signal", "STOP"]
     out = []
     for who, rank in (("leader", 0), ("non-leader", 1)):
         lost = f"lost rank {rank}"
-        for sig, sa in (("SIGKILL", kill), ("SIGSTOP", stop)):
-            tag = f"{'kill' if sig == 'SIGKILL' else 'stop'}_{'leader' if rank == 0 else 'peer'}"
-            out.append(Case(f"{tag}_startup", f"{sig} of the {who} at start-up", 3,
-                            ["--fail-rank", str(rank), "--fail-at", "startup", *sa], needs=f"rank {rank}"))
-            out.append(Case(f"{tag}_run", f"{sig} of the {who} after 5 inferences", 3,
-                            ["--fail-rank", str(rank), "--fail-after", "5", *sa], needs=lost))
-            out.append(Case(f"{tag}_stream", f"{sig} of the {who} mid-stream (--stream 8)", 3,
-                            ["--iters", "60", "--stream", "8", "--fail-rank", str(rank), "--fail-at", "stream",
-                             "--fail-after", "20",
-                             *sa], needs=lost))
+        for sig in ("KILL", "STOP"):
+            tag = f"{sig.lower()}_{'leader' if rank == 0 else 'peer'}"
+            out.append(Case(f"{tag}_startup", f"SIG{sig} of the {who} at start-up", 3,
+                            fault=fault_env(rank, "startup", sig=sig), needs=f"rank {rank}"))
+            out.append(Case(f"{tag}_run", f"SIG{sig} of the {who} after 5 inferences", 3,
+                            fault=fault_env(rank, "run", 5, sig), needs=lost))
+            out.append(Case(f"{tag}_stream", f"SIG{sig} of the {who} mid-stream (--stream 8)", 3,
+                            ["--iters", "60", "--stream", "8"], fault=fault_env(rank, "stream", 20, sig), needs=lost))
     out += [
         Case("edit_kept", "manifest: one kept link moved", 2, edit=move_one_link, needs="field 'kept'"),
         Case("edit_shard_sha", "manifest: a shard's sha256 edited", 2,

@@ -16,7 +16,7 @@ from disco.graph import partition
 from disco.masks import DiscoModel
 from disco.models import build_model
 from disco.runtime.export import ShardError, export, load_node, read_manifest
-from disco.runtime.node import _load_input
+from disco.runtime.inputs import load_input
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def _copy(src: Path, dst: Path, edit) -> Path:  # noqa: ANN001
 def test_untouched_export_loads(exported: Path) -> None:
     for j in range(2):
         assert load_node(exported, j, 2).plan.rank == j
-    x, ref = _load_input(None, read_manifest(exported), exported)
+    x, ref = load_input(None, read_manifest(exported), exported)
     assert x.shape == (1, 3, 32, 32) and ref
 
 
@@ -112,4 +112,4 @@ def test_edited_reference_refused_at_the_leader(exported: Path, tmp_path: Path) 
     raw[-4:] = b"\0\0\0\0"
     (d / "reference.safetensors").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="'reference_sha256'"):
-        _load_input(None, read_manifest(d), d)
+        load_input(None, read_manifest(d), d)

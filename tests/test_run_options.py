@@ -16,7 +16,7 @@ from disco.runtime.transport import PeerError, lower_io_threads
 
 def test_options_travel_to_the_node_program_unchanged() -> None:
     o = RunOptions(codec="fp16", bandwidth="100mbit", latency="2ms", limit=7, warmup=0, iters=5, stream=2,
-                   timeout=4.5, startup_timeout=6.0, threads=2, io_nice=5, fail_rank=1, fail_signal="STOP")
+                   timeout=4.5, startup_timeout=6.0, threads=2, io_nice=5, max_rel_err=2e-3)
     cmd = node_command("d", 1, 2, 1234, o, result="/tmp/r.json")
     args = build_parser().parse_args(cmd[3:])
     assert RunOptions.from_args(args) == o
@@ -109,10 +109,10 @@ def test_store_listens_only_on_the_given_address() -> None:
     from pathlib import Path
 
     from disco.runtime.launch import free_port
-    from disco.runtime.node import _store
+    from disco.runtime.rendezvous import tcp_store
 
     port = free_port()
-    store = _store("127.0.0.1", port, 1, 5.0, master=True)
+    store = tcp_store("127.0.0.1", port, 1, 5.0, master=True)
     store.set("k", "v")
     listening = [ln.split()[1] for ln in Path("/proc/net/tcp").read_text().splitlines()[1:]
                  if ln.split()[3] == "0A" and ln.split()[1].endswith(f":{port:04X}")]

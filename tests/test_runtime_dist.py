@@ -84,12 +84,14 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_peer_killed_mid_run_ends_the_others(tmp_path, n: int) -> None:
+def test_peer_killed_mid_run_ends_the_others(tmp_path, n: int, monkeypatch) -> None:
     _export(tmp_path, "cifar_resnet8", n)
+    # the fault hook of bench/faults.py: rank 1 sends itself SIGKILL before its 4th inference
+    monkeypatch.setenv("DISCO_NODE_HOOKS", str(Path(__file__).resolve().parents[1] / "bench" / "faults.py"))
+    monkeypatch.setenv("DISCO_FAULT", '{"rank": 1, "at": "run", "after": 3, "signal": "KILL"}')
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as ei:
-        launch(tmp_path, n, ["--warmup", "0", "--iters", "100000", "--timeout", "3", "--fail-rank", "1",
-                             "--fail-after", "3"], timeout=60, grace=15)
+        launch(tmp_path, n, ["--warmup", "0", "--iters", "100000", "--timeout", "3"], timeout=60, grace=15)
     dt = time.monotonic() - t0
     codes = ei.value.codes
     assert codes[1] == -9  # the killed one

@@ -313,8 +313,8 @@ def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, opti
     """
     from .errors import RefusedError
     from .runtime.export import read_manifest
+    from .runtime.inputs import load_input
     from .runtime.launch import launch
-    from .runtime.node import _load_input
     from .runtime.options import RunOptions
 
     opts = RunOptions.from_kwargs(**kw) if options is None else options.replace(**kw)
@@ -324,6 +324,6 @@ def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, opti
     if nodes != man["nodes"]:
         raise RefusedError(f"{d} was exported for {man['nodes']} nodes, not {nodes}")
     if opts.input is not None:  # refuse a wrong input here, before starting anything
-        _load_input(str(opts.input), man, d)
+        load_input(str(opts.input), man, d)
     return launch(d, nodes, opts, timeout=run_timeout, progress=progress)
 

@@ -137,8 +137,5 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--nodes", type=nodes_arg, required=True, help="N: the export's node count")
     RunOptions.add_arguments(r)
     r.add_argument("--run-timeout", type=positive_float, default=3600.0, help="seconds for the whole run")
-    r.add_argument("--max-rel-err", type=positive_float,
-                   help="exit 3 when the output differs from the single-process model by more (relative); "
-                        "default 1e-4 with the lossless fp32 codec, unchecked with a lossy codec unless given")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Interrupted, LaunchError
-from .node import PARENT_ENV, TOKEN_ENV
 from .options import RunOptions, run_options
+from .rendezvous import PARENT_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 

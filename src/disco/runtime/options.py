@@ -39,13 +39,11 @@ class RunOptions:
     threads: int = _opt(1, "torch threads per node", int)
     io_nice: int = _opt(19, "niceness of gloo's I/O threads, 0 to 19 (0: as the node's own); a high one keeps "
                         "their polling off the cores the node computes on", int)
-    # fault injection (tests, bench/faults.py): rank ``fail_rank`` sends itself ``fail_signal`` (KILL or STOP)
-    # after ``fail_after`` inferences (``fail_at="run"``) or streamed inferences (``"stream"``), or at start-up
-    # (``"startup"``: right after joining the store)
-    fail_rank: int | None = _opt(None, argparse.SUPPRESS, int)
-    fail_after: int = _opt(1, argparse.SUPPRESS, int)
-    fail_signal: str = _opt("KILL", argparse.SUPPRESS, str)
-    fail_at: str = _opt("run", argparse.SUPPRESS, str)
+    max_rel_err: float | None = _opt(None, "largest relative error allowed against the single-process model: the "
+                                     "start-up self-test on the export's reference input (default 1e-4, with the "
+                                     "lossless fp32 codec whatever --codec says) and, for `disco run`, the run's "
+                                     "output on it (default 1e-4 with fp32, unchecked with a lossy codec unless "
+                                     "given); more exits with code 3", float)
 
     @classmethod
     def add_arguments(cls, p: argparse.ArgumentParser) -> None:
@@ -62,7 +60,7 @@ class RunOptions:
     @classmethod
     def from_kwargs(cls, **kw: Any) -> RunOptions:
         """The options named as keywords (``None``: the default); an unknown name is a ``TypeError``."""
-        known = [f.name for f in dataclasses.fields(cls) if not f.name.startswith("fail_")]
+        known = [f.name for f in dataclasses.fields(cls)]
         bad = sorted(set(kw) - set(known))
         if bad:
             raise TypeError(f"unknown run option(s) {', '.join(bad)}; known: {', '.join(known)}")
@@ -108,6 +106,8 @@ class RunOptions:
             v = getattr(self, name)
             if v is not None and v < low:
                 raise RefusedError(f"--{name} must be at least {low}, got {v}")
+        if self.max_rel_err is not None and not self.max_rel_err > 0:
+            raise RefusedError(f"--max-rel-err must be a positive number, got {self.max_rel_err}")
         if not 0 <= self.io_nice <= 19:
             raise RefusedError(f"--io-nice must be between 0 and 19, got {self.io_nice}")
         for name in ("timeout", "startup_timeout"):
