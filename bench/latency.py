@@ -1,14 +1,14 @@
 """Latency benchmark: one process vs dense within-layer parallelism vs DISCO vs separated branches.
 
-    .venv/bin/python bench/latency.py --quick                     # cifar_resnet8, N=2, a few settings
-    .venv/bin/python bench/latency.py --budget-minutes 30         # the sweep of issue 3 (resumable)
-    .venv/bin/python bench/latency.py --report                    # README tables + plot from the JSON only
+    .venv/bin/python -m bench.latency --quick                     # cifar_resnet8, N=2, a few settings
+    .venv/bin/python -m bench.latency --budget-minutes 30         # the sweep of issue 3 (resumable)
+    .venv/bin/python -m bench.latency --report                    # README tables + plot from the JSON only
 
 Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
-skips the entries already there); ``recipes/tables.py`` renders results/latency.png (latency against
+skips the entries already there); ``python -m recipes.pages`` renders results/latency.png (latency against
 bandwidth) and the tables of bench/README.md, docs/latency.md and README.md from it. The sweep is this
-file; the network namespaces and tc are ``netns.py``, the latency model's calibration ``calibration.py``,
-the host's other jobs ``host.py``.
+module; the network namespaces and tc are ``bench.netns``, the latency model's calibration
+``bench.calibration``, the host's other jobs ``bench.host``.
 
 Link model (the runtime's pacing implements the same one, see disco.runtime.transport):
 each node's interface is limited to the bandwidth, full duplex, all nodes behind one
@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from calibration import (
+
+from bench.calibration import (
     EXPORTS,
     LOAD_S,
     TCP_GOODPUT,
@@ -49,9 +50,8 @@ from calibration import (
     repredict,
     save_traces,
 )
-from host import DRIFT, drift, host_state, speed_probe_ms, wait_idle
-from netns import launch_tc, netns_check, netns_cleanup
-
+from bench.host import DRIFT, drift, host_state, speed_probe_ms, wait_idle
+from bench.netns import launch_tc, netns_check, netns_cleanup
 from disco.runtime import latency as lat
 from disco.runtime.launch import LaunchError, launch
 from disco.runtime.transport import LinkModel
@@ -190,7 +190,8 @@ def _post_processor(model: torch.nn.Module) -> Any:
 
 
 def run_single(name: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--single", name], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-m", "bench.latency", "--single", name], capture_output=True, text=True,
+                         check=True, cwd=ROOT,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -621,7 +622,7 @@ def main() -> None:
     p.add_argument("--models", default="resnet50,cifar_resnet20")
     p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
     p.add_argument("--no-tc", action="store_true", help="skip the kernel-shaping (netns + tc) runs")
-    p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes/tables.py)")
+    p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes.pages)")
     p.add_argument("--repredict", action="store_true", help="with --report: recompute the predictions from the "
                    "stored traces and calibration first")
     p.add_argument("--delay-model", choices=["idle", "loaded"], default=None,
@@ -649,8 +650,8 @@ def main() -> None:
         finally:
             with contextlib.suppress(Exception):
                 netns_cleanup()
-    if main_out:  # the pages and the plot come from the JSON, rendered by recipes/tables.py only
-        subprocess.run([sys.executable, str(ROOT / "recipes" / "tables.py")], check=True)
+    if main_out:  # the pages and the plot come from the JSON, rendered by recipes.pages only
+        subprocess.run([sys.executable, "-m", "recipes.pages"], check=True, cwd=ROOT)
     else:
         print(f"wrote {out}")
 
