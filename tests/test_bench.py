@@ -100,7 +100,9 @@ def test_ms_scale_runs_are_split_over_launches_and_pooled():
                            {**rep, "latency_ms_all": [3.0, 3.0], "latency_ms_median": 3.0,
                             "peak_rss_mb_per_node": [7.0, 2.0], "max_rel_err_vs_single_process": 2e-7}])
     assert pooled["latency_ms_median"] == 1.0 and pooled["latency_ms_launch_medians"] == [1.0, 3.0]
-    assert pooled["peak_rss_mb_per_node"] == [7.0, 6.0] and pooled["max_rel_err_vs_single_process"] == 2e-7
+    assert pooled["peak_rss_mb_per_node"] == [6.0, 4.0]  # per node, the median over its launches
+    assert pooled["peak_rss_mb_per_node_per_launch"] == [[5.0, 6.0], [7.0, 2.0]]
+    assert pooled["max_rel_err_vs_single_process"] == 2e-7
     with pytest.raises(latency.LaunchError, match="bytes"):
         latency.pool([{**rep, "latency_ms_all": [1.0], "latency_ms_median": 1.0},
                       {**rep, "bytes_sent_total": 11, "latency_ms_all": [1.0], "latency_ms_median": 1.0}])
