@@ -1,6 +1,6 @@
 """What encoding and decoding a link message costs per value for each wire codec, on one core.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py      # results/codec_cost.json + the calibration
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.codec_cost      # results/codec_cost.json + the calibration
 
 The latency model (bench/latency_fit.py) was fitted on fp32 and fp16 runs, so their encode and decode
 costs are inside its per-byte and per-message terms. A codec the fit did not see (int8: a max-abs pass
@@ -62,7 +62,6 @@ def main() -> int:
     ap.add_argument("--model", default=str(ROOT / "results" / "latency_model.json"),
                     help="the calibration the planner reads (its codec_encode_s/codec_decode_s are replaced)")
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
     costs = measure(a.repeats)
     base = costs["fp16"]
     extra_enc = {c: max(0.0, v["encode_s_per_value"] - base["encode_s_per_value"])

@@ -1,8 +1,8 @@
 """Fault injection: what `disco run` does when a node dies, freezes or refuses, and what it leaves behind.
 
-    OMP_NUM_THREADS=1 python bench/faults.py                 # every case -> results/faults.json
-    python bench/faults.py --cases stop_leader_run,edit_kept  # some cases, in this order
-    python bench/faults.py --resume                           # run only the cases not yet in the JSON
+    OMP_NUM_THREADS=1 python -m bench.faults                 # every case -> results/faults.json
+    python -m bench.faults --cases stop_leader_run,edit_kept  # some cases, in this order
+    python -m bench.faults --resume                           # run only the cases not yet in the JSON
     python recipes/tables.py                                  # -> the table in docs/faults.md
 
 Each case runs the real command line (``disco run``, or the node program for the rendezvous cases) on a
@@ -360,7 +360,7 @@ def main() -> int:
                   f"{o.leftover_processes} processes / {o.leftover_files} files left: {o.message}", flush=True)
             results.append(asdict(o))
             out = {"timeout_s": args.timeout, "nodes": 2, "model": "cifar_resnet8",
-                   "command": f"python bench/faults.py --timeout {args.timeout:g}", "cases": results}
+                   "command": f"python -m bench.faults --timeout {args.timeout:g}", "cases": results}
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(out, indent=1) + "\n")  # after every case: a long run can be resumed
     return 0 if all(r["ok"] for r in results) else 1

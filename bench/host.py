@@ -27,6 +27,15 @@ def foreign_jobs() -> list[str]:
     return found
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak resident memory in MB (VmHWM): ``ru_maxrss`` of a process started by fork and
+    exec can carry the peak of the forked copy of its parent (a benchmark process holding models)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
 def host_state() -> dict[str, Any]:
     """Load average and other project jobs running beside the benchmark."""
     return {"loadavg_1min": round(os.getloadavg()[0], 2), "other_jobs": len(foreign_jobs())}
@@ -46,7 +55,7 @@ def wait_idle(deadline: float) -> None:
 
 
 # a run is re-traced and measured again once when the speed probe moved more than this from the trace's, and
-# bench/latency_fit.py counts a run apart that still moved that much; on an idle host the probe alone spans
+# bench.latency_fit counts a run apart that still moved that much; on an idle host the probe alone spans
 # 2.09-2.68 ms (a CIFAR sweep of 50 runs, 2026-12-04)
 DRIFT = 1.20
 

@@ -1,14 +1,14 @@
 """Latency benchmark: one process vs dense within-layer parallelism vs DISCO vs separated branches.
 
-    .venv/bin/python bench/latency.py --quick                     # cifar_resnet8, N=2, a few settings
-    .venv/bin/python bench/latency.py --budget-minutes 30         # the sweep of issue 3 (resumable)
-    .venv/bin/python bench/latency.py --report                    # README tables + plot from the JSON only
+    .venv/bin/python -m bench.latency --quick                     # cifar_resnet8, N=2, a few settings
+    .venv/bin/python -m bench.latency --budget-minutes 30         # the sweep of issue 3 (resumable)
+    .venv/bin/python -m bench.latency --report                    # README tables + plot from the JSON only
 
 Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
-skips the entries already there); ``recipes/tables.py`` renders results/latency.png (latency against
+skips the entries already there); ``python -m recipes.pages`` renders results/latency.png (latency against
 bandwidth) and the tables of bench/README.md, docs/latency.md and README.md from it. The sweep is this
-file; the network namespaces and tc are ``netns.py``, the latency model's calibration ``calibration.py``,
-the host's other jobs ``host.py``.
+module; the network namespaces and tc are ``bench.netns``, the latency model's calibration
+``bench.calibration``, the host's other jobs ``bench.host``.
 
 Link model (the runtime's pacing implements the same one, see disco.runtime.transport):
 each node's interface is limited to the bandwidth, full duplex, all nodes behind one
@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -38,20 +37,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from calibration import (
-    EXPORTS,
-    LOAD_S,
-    TCP_GOODPUT,
-    TRACES,
-    calibrate_overhead,
-    delays,
-    load_traces,
-    repredict,
-    save_traces,
-)
-from host import DRIFT, drift, host_state, speed_probe_ms, wait_idle
-from netns import launch_tc, netns_check, netns_cleanup
 
+from bench import calibration
+from bench.host import DRIFT, drift, host_state, peak_rss_mb, speed_probe_ms, wait_idle
+from bench.netns import launch_tc, netns_check, netns_cleanup
 from disco.runtime import latency as lat
 from disco.runtime.launch import LaunchError, launch
 from disco.runtime.transport import LinkModel
@@ -124,7 +113,8 @@ def launches(predicted_ms: float, timed: int) -> tuple[int, int]:
 
 def pool(reps: list[dict[str, Any]]) -> dict[str, Any]:
     """One launch report from several launches of the same export: all timed inferences pooled (their
-    median is the entry's), the worst error and memory, and the bytes, which must agree."""
+    median is the entry's), the worst error, the bytes, which must agree, and per node the median over the
+    launches of that node process's own peak memory (each launch's list is kept)."""
     first = reps[0]
     for r in reps[1:]:
         if r["bytes_sent_total"] != first["bytes_sent_total"]:
@@ -133,7 +123,9 @@ def pool(reps: list[dict[str, Any]]) -> dict[str, Any]:
     ms = [t for r in reps for t in r["latency_ms_all"]]
     return {**first, "latency_ms_all": ms, "latency_ms_median": float(np.median(ms)),
             "latency_ms_launch_medians": [round(r["latency_ms_median"], 3) for r in reps],
-            "peak_rss_mb_per_node": [max(v) for v in zip(*(r["peak_rss_mb_per_node"] for r in reps), strict=True)],
+            "peak_rss_mb_per_node": [float(np.median(v))
+                                     for v in zip(*(r["peak_rss_mb_per_node"] for r in reps), strict=True)],
+            "peak_rss_mb_per_node_per_launch": [r["peak_rss_mb_per_node"] for r in reps],
             "max_rel_err_vs_single_process": max(r["max_rel_err_vs_single_process"] for r in reps)}
 
 
@@ -177,7 +169,7 @@ def single_main(name: str) -> None:
                 pts.append(time.perf_counter() - t0)
         extra["post_ms"] = float(np.median(pts) * 1e3)
     print(json.dumps({**extra, "latency_ms_median": float(np.median(ts) * 1e3), "n_timed": iters,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "peak_rss_mb": peak_rss_mb(),
                       "weight_bytes": n_params * 4, "params": n_params}))
 
 
@@ -190,7 +182,8 @@ def _post_processor(model: torch.nn.Module) -> Any:
 
 
 def run_single(name: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--single", name], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-m", "bench.latency", "--single", name], capture_output=True, text=True,
+                         check=True, cwd=ROOT,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -234,7 +227,7 @@ class Prepared:
 
         if r in self.dirs:
             return self.dirs[r]
-        d = EXPORTS / f"{self.name}_n{self.n}_r{r:g}"
+        d = calibration.EXPORTS / f"{self.name}_n{self.n}_r{r:g}"
         ckpt = ROOT / "runs" / "cifar10" / f"n{self.n}_r{r:g}.safetensors"
         if self.name == "cifar_resnet20" and self.n > 1 and 0 < r < 1 and ckpt.is_file():
             if not (d / "manifest.json").is_file():
@@ -258,29 +251,29 @@ class Prepared:
         return d
 
     def tkey(self, r: float, codec: str) -> str:
-        """The key of (r, codec)'s trace in the trace cache (calibration.TRACES)."""
+        """The key of (r, codec)'s trace in the trace cache (bench.calibration.TRACES)."""
         return f"{self.name}|{self.n}|{r:g}|{codec}"
 
     def trace(self, r: float, codec: str) -> list:
         k = (r, codec)
         tkey = self.tkey(r, codec)
-        if k not in self.traces and tkey in TRACES:
+        if k not in self.traces and tkey in calibration.TRACES:
             self.export_dir(r)
-            self.traces[k] = TRACES[tkey]
+            self.traces[k] = calibration.TRACES[tkey]
         if k not in self.traces:
             self.export_dir(r)  # fixes the kept set (a trained checkpoint's, where there is one)
             torch.set_num_threads(1)
             reps = TRACE_REPS.get(self.name, 15)
             self.probe[k] = speed_probe_ms()
             self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=TRACE_WARMUP)
-            TRACES[tkey] = self.traces[k]
-            save_traces()
+            calibration.TRACES[tkey] = self.traces[k]
+            calibration.save_traces()
         return self.traces[k]
 
     def retrace(self, r: float, codec: str) -> list:
         """Trace again (the host's speed moved since the trace was taken)."""
         self.traces.pop((r, codec), None)
-        TRACES.pop(self.tkey(r, codec), None)
+        calibration.TRACES.pop(self.tkey(r, codec), None)
         return self.trace(r, codec)
 
     def ratio(self, r: float) -> float | None:
@@ -389,6 +382,19 @@ def only_measured_in(jobs: list[dict[str, Any]], ref: Path) -> list[dict[str, An
     return [j if job_key(j) in measured else {**j, "predict_only": True} for j in jobs]
 
 
+def measured_fields(rep: dict[str, Any], predicted_ms: float) -> dict[str, Any]:
+    """An entry's fields from its pooled launch report (``pool``)."""
+    ms = rep["latency_ms_all"]
+    keep = ("latency_ms_median", "latency_ms_launch_medians", "bytes_sent_total", "bytes_predicted",
+            "bytes_input_output", "peak_rss_mb_per_node", "peak_rss_mb_per_node_per_launch",
+            "weight_bytes_per_node", "params_per_node", "params_dense", "max_rel_err_vs_single_process")
+    return {**{f: rep[f] for f in keep}, "latency_ms_p10": float(np.percentile(ms, 10)),
+            "latency_ms_p90": float(np.percentile(ms, 90)), "n_timed": len(ms),
+            "measured_over_predicted": round(rep["latency_ms_median"] / predicted_ms, 3),
+            "weight_fraction_max": round(max(rep["params_per_node"]) / rep["params_dense"], 4),
+            "messages_measured": rep["messages_per_inference"]}
+
+
 class Sweep:
     def __init__(self, out: Path, budget_s: float, quick: bool, fresh: bool, tc: bool) -> None:
         self.out, self.quick, self.fresh = out, quick, fresh
@@ -400,8 +406,8 @@ class Sweep:
         self.cores = os.cpu_count() or 1
         self.tc_error = netns_check() if tc else "not requested (--no-tc)"
         if fresh:
-            shutil.rmtree(EXPORTS, ignore_errors=True)
-        load_traces()
+            shutil.rmtree(calibration.EXPORTS, ignore_errors=True)
+        calibration.load_traces()
 
     # persistence
     def save(self) -> None:
@@ -434,12 +440,12 @@ class Sweep:
             wait_idle(self.deadline)
             meta["delay"] = lat.calibrate_delay()[1]
             meta["delay_paced"] = lat.calibrate_delay(paced=True)[1]
-            meta["delay_loaded"] = lat.calibrate_delay(load_s=LOAD_S)[1]
-            meta["delay_loaded_paced"] = lat.calibrate_delay(paced=True, load_s=LOAD_S)[1]
+            meta["delay_loaded"] = lat.calibrate_delay(load_s=calibration.LOAD_S)[1]
+            meta["delay_loaded_paced"] = lat.calibrate_delay(paced=True, load_s=calibration.LOAD_S)[1]
             meta.setdefault("delay_model", "loaded")
             meta["calibrated_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
             self.save()
-        return delays(meta)
+        return calibration.delays(meta)
 
     def single(self, name: str) -> None:
         k = (name, "single", 1, None, None, None, None)
@@ -462,7 +468,7 @@ class Sweep:
         progs = p.trace(job["r"], job["codec"])
         bw = None if job["bw"] is None else job["bw"] * 1e6
         if bw is not None and job["shaping"] == "tc":
-            bw *= TCP_GOODPUT
+            bw *= calibration.TCP_GOODPUT
         o = self.data["meta"].get("msg_overhead_s", 0.0) if job["bw"] is None and job["nodes"] > 1 else 0.0
         return lat.predict(progs, LinkModel(bw), self.cores, delay[job["shaping"] or "none"], o)
 
@@ -477,83 +483,66 @@ class Sweep:
 
     def run_job(self, job: dict[str, Any], delay: dict[str, lat.Delay]) -> None:
         k = job_key(job)
-        if self.have(k):
-            return
-        if (job["shaping"] == "tc" and self.tc_error) or job.get("predict_only"):
+        if self.have(k) or (job["shaping"] == "tc" and self.tc_error) or job.get("predict_only"):
             return
         wait_idle(self.deadline)
         pred = self.predict(job, delay)
-        pms = pred["predicted_ms"]
-        iters, warmup = iterations(pms)
-        n_launch, iters = launches(pms, iters)
+        iters, warmup = iterations(pred["predicted_ms"])
+        n_launch, iters = launches(pred["predicted_ms"], iters)
         startup = float(np.median(self.startup_s.get(job["model"], [STARTUP_S.get(job["model"], 5.0)])))
-        est = n_launch * (startup + (iters + warmup) * pms / 1e3 * 1.3) + 5
+        est = n_launch * (startup + (iters + warmup) * pred["predicted_ms"] / 1e3 * 1.3) + 5
         if est > self.left() - 60:  # keep a minute for the predicted-only entries and the outputs
             print(f"skip (budget): {k} needs ~{est:.0f} s, {self.left():.0f} s left", flush=True)
             return
-        prep = self.prep(job["model"], job["nodes"])
-        d = prep.export_dir(job["r"])
-        wait_idle(self.deadline)
         opts = ["--codec", job["codec"], "--iters", str(iters), "--warmup", str(warmup), "--timeout", "120",
                 "--startup-timeout", "60", "--threads", "1"]
         if job["shaping"] != "tc" and job["bw"] is not None:
             opts += ["--bandwidth", f"{job['bw']:g}mbit"]
         try:
-            for attempt in range(2):  # once more, re-traced, when the host's speed moved since the trace
-                t0 = time.monotonic()  # the startup estimate below counts the last attempt only
-                before = speed_probe_ms()
-                reps = []
-                for _ in range(n_launch):
-                    if job["shaping"] == "tc":
-                        reps.append(launch_tc(d, job["bw"], opts, timeout=est * 3 + 120))
-                    else:
-                        reps.append(launch(d, job["nodes"], opts, timeout=est * 3 + 120))
-                rep, after = pool(reps), speed_probe_ms()
-                probe = {"trace": prep.probe.get((job["r"], job["codec"])), "before": before, "after": after}
-                dr = drift(probe["trace"], before, after)
-                if dr <= DRIFT or attempt:
-                    break
-                print(f"host speed moved {dr:.2f}x since the trace (probe {probe}): re-trace and measure "
-                      f"{k} again", flush=True)
-                prep.retrace(job["r"], job["codec"])
-                pred = self.predict(job, delay)
-                pms = pred["predicted_ms"]
+            rep, pred, probe, attempt, wall = self.measure(job, delay, pred, opts, n_launch, est * 3 + 120)
         except (LaunchError, subprocess.CalledProcessError, OSError) as ex:
             print(f"FAILED {k}: {ex}", flush=True)
-            e = self.entry(job, pred)
-            e.update(latency_ms_median=None, error=str(ex)[:500])
-            self.put(e)
+            self.put({**self.entry(job, pred), "latency_ms_median": None, "error": str(ex)[:500]})
             return
-        wall = time.monotonic() - t0
         run_s = sum(rep["latency_ms_all"]) / 1e3 * (iters + warmup) / iters
         self.startup_s.setdefault(job["model"], []).append(max(1.0, (wall - run_s) / n_launch))
-        e = self.entry(job, pred)
-        ms = rep["latency_ms_all"]
-        e.update({"latency_ms_median": rep["latency_ms_median"], "latency_ms_p10": float(np.percentile(ms, 10)),
-                  "latency_ms_p90": float(np.percentile(ms, 90)), "n_timed": len(ms), "warmup": warmup,
-                  "launches": n_launch, "latency_ms_launch_medians": rep["latency_ms_launch_medians"],
-                  "host_probe_ms": {t: None if v is None else round(v, 3) for t, v in probe.items()},
-                  "host_drift": round(dr, 3), "retraced": bool(attempt),
-                  "measured_over_predicted": round(rep["latency_ms_median"] / pms, 3),
-                  "bytes_sent_total": rep["bytes_sent_total"], "bytes_predicted": rep["bytes_predicted"],
-                  "bytes_input_output": rep["bytes_input_output"],
-                  "peak_rss_mb_per_node": rep["peak_rss_mb_per_node"],
-                  "weight_bytes_per_node": rep["weight_bytes_per_node"], "params_per_node": rep["params_per_node"],
-                  "params_dense": rep["params_dense"],
-                  "weight_fraction_max": round(max(rep["params_per_node"]) / rep["params_dense"], 4),
-                  "messages_measured": rep["messages_per_inference"],
-                  "max_rel_err_vs_single_process": rep["max_rel_err_vs_single_process"],
-                  "wall_s": round(wall, 1), **host_state()})
+        e = {**self.entry(job, pred), **measured_fields(rep, pred["predicted_ms"]), "warmup": warmup,
+             "launches": n_launch, "host_probe_ms": {t: None if v is None else round(v, 3) for t, v in probe.items()},
+             "host_drift": round(drift(*probe.values()), 3), "retraced": bool(attempt), "wall_s": round(wall, 1),
+             **host_state()}
         self.put(e)
         if job["bw"] is None and job["nodes"] == 2 and job["r"] >= 1 and job["codec"] == "fp32" \
                 and "msg_overhead_s" not in self.data["meta"]:
-            calibrate_overhead(self.data, delay, self.cores)  # later unshaped predictions include it
+            calibration.calibrate_overhead(self.data, delay, self.cores)  # later unshaped predictions include it
             self.save()
         bw = "loopback" if job["bw"] is None else f"{job['bw']:g} Mbit/s"
         print(f"{job['model']:15s} {e['mode']:9s} N={job['nodes']} r={job['r']:<5g} {job['codec']} {bw:12s} "
-              f"{job['shaping'] or '':6s} measured {e['latency_ms_median']:9.2f} ms  predicted {pms:9.2f} ms "
-              f"(no overlap {pred['predicted_ms_no_overlap']:9.2f})  x{e['measured_over_predicted']:.2f}  "
-              f"[{wall:.0f} s, {self.left():.0f} s left]", flush=True)
+              f"{job['shaping'] or '':6s} measured {e['latency_ms_median']:9.2f} ms  predicted "
+              f"{pred['predicted_ms']:9.2f} ms (no overlap {pred['predicted_ms_no_overlap']:9.2f})  "
+              f"x{e['measured_over_predicted']:.2f}  [{wall:.0f} s, {self.left():.0f} s left]", flush=True)
+
+    def measure(self, job: dict[str, Any], delay: dict[str, lat.Delay], pred: dict[str, Any], opts: list[str],
+                n_launch: int, timeout: float) -> tuple[dict, dict, dict, int, float]:
+        """Launch ``job``'s export ``n_launch`` times and pool the reports; once more, re-traced, when the host's
+        speed moved since the trace. Returns (report, prediction, host probes, attempt, wall seconds of it)."""
+        prep = self.prep(job["model"], job["nodes"])
+        d = prep.export_dir(job["r"])
+        wait_idle(self.deadline)
+        for attempt in range(2):
+            t0 = time.monotonic()  # the startup estimate counts the last attempt only
+            before = speed_probe_ms()
+            reps = [launch_tc(d, job["bw"], opts, timeout=timeout) if job["shaping"] == "tc"
+                    else launch(d, job["nodes"], opts, timeout=timeout) for _ in range(n_launch)]
+            rep, after = pool(reps), speed_probe_ms()
+            probe = {"trace": prep.probe.get((job["r"], job["codec"])), "before": before, "after": after}
+            dr = drift(*probe.values())
+            if dr <= DRIFT or attempt:
+                break
+            print(f"host speed moved {dr:.2f}x since the trace (probe {probe}): re-trace and measure "
+                  f"{job_key(job)} again", flush=True)
+            prep.retrace(job["r"], job["codec"])
+            pred = self.predict(job, delay)
+        return rep, pred, probe, attempt, time.monotonic() - t0
 
     def predicted_only(self, jobs: list[dict[str, Any]], delay: dict[str, lat.Delay]) -> None:
         for job in jobs:
@@ -592,7 +581,7 @@ class Sweep:
             "latency_model": lat.__doc__.strip(),
             "host_cpus": self.cores, "threads_per_node": 1, "torch": torch.__version__,
             "tc": "ok" if self.tc_error is None else f"not run: {self.tc_error}",
-            "tcp_goodput_factor_for_tc": TCP_GOODPUT, "quick": self.quick,
+            "tcp_goodput_factor_for_tc": calibration.TCP_GOODPUT, "quick": self.quick,
             "notes": NOTES,
             "iterations": "median of the timed inferences after 3 warm-up (1 warm-up above 1 s): 20, or as many "
                           "as fill 2 s up to 200; 3 timed above 10 s predicted; below "
@@ -621,7 +610,7 @@ def main() -> None:
     p.add_argument("--models", default="resnet50,cifar_resnet20")
     p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
     p.add_argument("--no-tc", action="store_true", help="skip the kernel-shaping (netns + tc) runs")
-    p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes/tables.py)")
+    p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes.pages)")
     p.add_argument("--repredict", action="store_true", help="with --report: recompute the predictions from the "
                    "stored traces and calibration first")
     p.add_argument("--delay-model", choices=["idle", "loaded"], default=None,
@@ -636,7 +625,7 @@ def main() -> None:
     out = Path(a.out or ROOT / "results" / ("latency_quick.json" if a.quick else "latency.json"))
     main_out = out.resolve() == (ROOT / "results" / "latency.json").resolve()
     if a.report and a.repredict:
-        repredict(out, a.delay_model)
+        calibration.repredict(out, a.delay_model)
     if not a.report:
         models = ["cifar_resnet8"] if a.quick else [m for m in a.models.split(",") if m]
         os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -649,8 +638,8 @@ def main() -> None:
         finally:
             with contextlib.suppress(Exception):
                 netns_cleanup()
-    if main_out:  # the pages and the plot come from the JSON, rendered by recipes/tables.py only
-        subprocess.run([sys.executable, str(ROOT / "recipes" / "tables.py")], check=True)
+    if main_out:  # the pages and the plot come from the JSON, rendered by recipes.pages only
+        subprocess.run([sys.executable, "-m", "recipes.pages"], check=True, cwd=ROOT)
     else:
         print(f"wrote {out}")
 

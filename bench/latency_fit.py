@@ -1,8 +1,8 @@
 """Fit the planner's latency model on results/latency.json, and cross-validate it.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/latency_fit.py            # features (cached) + fits + report (~32 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.latency_fit            # features (cached) + fits + report (~32 min)
     python -m recipes.pages                                             # docs/latency-model.md from the fit
-    OMP_NUM_THREADS=1 .venv/bin/python bench/codec_cost.py             # int8/bf16 codec costs (a fit keeps the last)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.codec_cost             # int8/bf16 codec costs (a fit keeps the last)
 
 For every measured entry of results/latency.json the script rebuilds the entry's kept set (the
 benchmark's: random init, seed 0, one-shot global magnitude selection; the CIFAR entries that
@@ -43,17 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.host import DRIFT
+from bench.netns import tbf_burst
+from disco import planner
+from disco.runtime import latency as lat
+from disco.runtime.transport import LinkModel
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-sys.path.insert(0, str(ROOT / "bench"))
-
-from host import DRIFT  # noqa: E402
-from netns import tbf_burst  # noqa: E402
-
-from disco import planner  # noqa: E402
-from disco.runtime import latency as lat  # noqa: E402
-from disco.runtime.transport import LinkModel  # noqa: E402
 
 SRC = ROOT / "results" / "latency.json"
 OUT = ROOT / "results" / "latency_model.json"

@@ -1,8 +1,8 @@
 """Validate ``disco plan`` on settings its calibration did not see: run each recommendation for real.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py          # results/planner_validation.json
-    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py 3,4      # only these settings (indices)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_validate.py --host-check   # the host's slowdown now
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.plan_validate          # results/planner_validation.json
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.plan_validate 3,4      # only these settings (indices)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.plan_validate --host-check   # the host's slowdown now
 
 For every setting: ``disco plan ... --cores 2 --json`` (the node processes share this host's 2
 cores), then ``disco export MODEL --nodes N [--shares] --ratio r --input-shape ...`` and ``disco run
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 OUT = ROOT / "results" / "planner_validation.json"
 DISCO = [sys.executable, "-m", "disco.cli"]
 SETTINGS = [

@@ -1,7 +1,7 @@
 """Memory soak: a long ``--stream`` run, each node's RSS sampled along the stream; is it flat after warm-up?
 
-    OMP_NUM_THREADS=1 python bench/soak.py                      # 2,000 inferences, --stream 8, N=2 -> results/soak.json
-    python bench/soak.py --iters 300 --out /tmp/soak.json      # a quick look
+    OMP_NUM_THREADS=1 python -m bench.soak                      # 2,000 inferences, --stream 8, N=2 -> results/soak.json
+    python -m bench.soak --iters 300 --out /tmp/soak.json      # a quick look
 
 The model is ``cifar_resnet8`` split over N nodes with a random 30% of its links kept (its weights do not matter
 for memory). Every node samples its resident memory (/proc/self/statm) 40 times along the stream; the first
@@ -89,7 +89,7 @@ def main() -> int:
            "bandwidth": args.bandwidth, "warmup_fraction": args.warmup_fraction, "tolerance": args.tolerance,
            "flat": all(n["flat"] for n in nodes), "per_node": nodes,
            "throughput_per_s": rep["throughput_per_s"], "wall_s": round(wall, 1),
-           "command": " ".join(["python bench/soak.py", *_args_but_out(sys.argv[1:])]),
+           "command": " ".join(["python -m bench.soak", *_args_but_out(sys.argv[1:])]),
            "host": {"python": platform.python_version(), "torch": torch.__version__}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

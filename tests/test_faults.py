@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import faults  # noqa: E402
+from bench import faults
 
 pytestmark = pytest.mark.dist
 TIMEOUT = 4.0

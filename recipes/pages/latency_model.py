@@ -55,7 +55,8 @@ def _intro(out: dict, results: Path) -> list[str]:
         "are cores is a fitted term (below).", "",
         "## The runtime's part", "",
         "Timestamps inside the node processes (each send and wait, and each thread's CPU time; "
-        f"`bench/exchange_probe.py`) showed where an unshaped exchange round went. {probes.exchange_probe(results)} "
+        "the retired `exchange_probe` in bench/ARCHIVE.md) showed where an unshaped exchange round went. "
+        f"{probes.exchange_probe(results)} "
         "gloo's event loop (one I/O thread per process) polls a connection while the main thread holds that "
         "connection's lock; at equal priority it takes the cores from the node processes and stalls the peer's "
         "sends for up to a scheduler slice. The runtime now runs gloo's I/O threads at niceness 19 (`disco run "

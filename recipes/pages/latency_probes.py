@@ -20,7 +20,7 @@ def launch_spread(rows: list[dict], field: str) -> list[float]:
 
 
 def exchange_probe(results: Path) -> str:
-    """What bench/exchange_probe.py measured, CIFAR ResNet-20 dense N=2."""
+    """What the retired exchange_probe in bench/ARCHIVE.md measured, CIFAR ResNet-20 dense N=2."""
     rows = result_entries(results, "exchange_probe.json")
     if rows is None:
         return "(results/exchange_probe.json is not there yet.)"
@@ -42,35 +42,37 @@ def exchange_probe(results: Path) -> str:
 
 
 def io_nice(results: Path) -> str:
-    """The runtime change of 2026-12-04 and what it measured (bench/io_nice.py)."""
+    """The runtime change of 2026-12-04 and what it measured (the retired io_nice in bench/ARCHIVE.md)."""
     rows = result_entries(results, "io_nice.json")
     if rows is None:
-        return "bench/io_nice.py measures it (results/io_nice.json is not there yet)."
-    return "Measured with `bench/io_nice.py` (results/io_nice.json), median of alternating runs, loopback: " + \
+        return "the retired io_nice in bench/ARCHIVE.md measures it (results/io_nice.json is not there yet)."
+    return ("Measured with the retired `io_nice` in bench/ARCHIVE.md (results/io_nice.json), median of "
+            "alternating runs, loopback: ") + \
         "; ".join(f"{r['model']} N={r['nodes']} r={r['ratio_target']:g} {r['median_ms']['0']:.1f} -> "
                   f"{r['median_ms']['19']:.1f} ms" for r in rows) + "."
 
 
 def corun(results: Path) -> str:
-    """What the co-run term is not (bench/corun_probe.py)."""
+    """What the co-run term is not (the retired corun_probe in bench/ARCHIVE.md)."""
     rows = result_entries(results, "corun_probe.json")
     if rows is None:
         return ""
     return ("; two plain one-thread forward passes at once on this host take "
             + ", ".join(f"{r['pair_slowdown']:.2f}x ({r['model']})" for r in rows)
-            + " the time of one alone (`bench/corun_probe.py`, results/corun_probe.json), so the slowdown the fit "
+            + " the time of one alone (the retired `corun_probe` in bench/ARCHIVE.md, "
+            "results/corun_probe.json), so the slowdown the fit "
               "finds is what the node runtime adds while both nodes compute (its transport threads, gloo's I/O "
               "threads), not the models sharing the cores" + inrun_compute(results))
 
 
 def inrun_compute(results: Path) -> str:
-    """The compute slowdown measured inside real runs (bench/inrun_probe.py)."""
+    """The compute slowdown measured inside real runs (the retired inrun_probe in bench/ARCHIVE.md)."""
     rows = result_entries(results, "inrun_probe.json")
     if rows is None:
         return ""
     x = [n["compute_over_alone"] for r in rows for n in r["per_node"]]
     return (f"; inside real N=2 runs each node's compute takes {min(x):.2f}x to {max(x):.2f}x its trace alone "
-            "(`bench/inrun_probe.py`, next line)")
+            "(the retired `inrun_probe` in bench/ARCHIVE.md, next line)")
 
 
 def _inrun_one(r: dict) -> str:
@@ -82,16 +84,17 @@ def _inrun_one(r: dict) -> str:
 
 
 def inrun(results: Path) -> str:
-    """What the busy delay stands for, measured inside real runs (bench/inrun_probe.py)."""
+    """What the busy delay stands for, measured inside real runs (the retired inrun_probe in bench/ARCHIVE.md)."""
     rows = result_entries(results, "inrun_probe.json")
     if rows is None:
         return ""
-    return ("; measured inside `disco run` at N=2 r=0.1 loopback (`bench/inrun_probe.py`, results/inrun_probe.json: "
+    return ("; measured inside `disco run` at N=2 r=0.1 loopback (the retired `inrun_probe` in "
+            "bench/ARCHIVE.md, results/inrun_probe.json: "
             "sends and waits timestamped in both node processes): " + "; ".join(_inrun_one(r) for r in rows))
 
 
 def tbf(results: Path) -> list[str]:
-    """The check of the tc bucket (bench/tbf_bucket.py)."""
+    """The check of the tc bucket (the retired tbf_bucket in bench/ARCHIVE.md)."""
     rows = result_entries(results, "tbf_bucket.json")
     if rows is None:
         return []
@@ -99,7 +102,8 @@ def tbf(results: Path) -> list[str]:
     def med(b: dict) -> float:
         return sorted(b["measured_ms"])[len(b["measured_ms"]) // 2]
 
-    return ["", "The tbf bucket, checked (`bench/tbf_bucket.py`, results/tbf_bucket.json): the CIFAR tc settings "
+    return ["", "The tbf bucket, checked (the retired `tbf_bucket` in bench/ARCHIVE.md, results/tbf_bucket.json): "
+                "the CIFAR tc settings "
             "launched alternately with the sweep's bucket and a small one, predicted with the committed "
             "calibration (the bucket's size is no parameter of the fit): " + "; ".join(
                 f"{r['key']}: " + ", ".join(f"bucket {b['burst_bytes']} B measured {med(b):.1f} ms (median of "
