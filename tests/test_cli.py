@@ -235,3 +235,19 @@ def test_export_model_name_latency_weight(tmp_path, capsys):
     ckpt.write_bytes(b"")
     assert main(["export", str(ckpt), "--latency-weight", "10", "--out", str(tmp_path / "x")]) == 2
     assert "--latency-weight are for a model name" in capsys.readouterr().err
+
+
+def test_export_model_name_joint_budget_holds_the_caps(tmp_path):
+    """disco export MODEL --budget joint: the exported links meet the FLOPs and per-node weight caps that
+    `disco cost` checks (the profile the edge benchmark runs)."""
+    from disco.checkpoint import unpack_bits
+    from disco.cost import estimate
+    from disco.runtime.export import meta_partition
+
+    out = tmp_path / "joint"
+    assert main(["export", "cifar_resnet8", "--nodes", "2", "--ratio", "0.2", "--budget", "joint",
+                 "--max-flops", "0.6", "--max-weights-per-node", "0.35", "--out", str(out), "--json"]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    rep = estimate(meta_partition(man), unpack_bits(man["kept"], man["n_links"]))
+    assert rep.flops_total <= 0.6 * rep.flops_dense + 1 and max(rep.params_per_node) <= 0.35 * rep.params_dense + 1
+    assert 0 < rep.ratio <= 0.2 + 1e-9 and "joint budget" in man["info"]["source"]

@@ -262,11 +262,12 @@ def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | d
 def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
                       input_shape: tuple[int, ...] | None = None, shares: tuple[float, ...] | None = None,
                       budget: str = "global", codec: str = "fp32", weights: str | None = None, seed: int = 0,
-                      latency_weight: float = 0.0) -> dict[str, Any]:
+                      latency_weight: float = 0.0, **caps: float) -> dict[str, Any]:
     """The pipeline name -> partition -> select -> export for a bare architecture (random init, or the state dict
     ``weights``) with links chosen by weight magnitude at ``ratio``, as ``disco cost MODEL`` costs it: for latency
     and memory, not for accuracy. ``latency_weight``: bytes charged per message kept (the global budget's
-    ``--latency-weight``). Returns the manifest."""
+    ``--latency-weight``); ``caps``: the joint budget's ``max_flops`` and ``max_weights_per_node``. Returns the
+    manifest."""
     import torch
 
     from .errors import RefusedError
@@ -287,7 +288,7 @@ def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
         raise RefusedError("--latency-weight applies to the global budget only")
     part = _partition(model, tuple(input_shape), nodes, shares)
     dm = DiscoModel(model, part)
-    kept = (_select(part, magnitude_scores(dm), ratio, budget, latency_weight=latency_weight / 4)
+    kept = (_select(part, magnitude_scores(dm), ratio, budget, latency_weight=latency_weight / 4, **caps)
             if ratio < 1 else part.all_links())
     dm.set_kept(kept)
     lw = f", latency weight {latency_weight:g} bytes per message" if latency_weight else ""

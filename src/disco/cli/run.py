@@ -12,14 +12,21 @@ from ..validate import (
     check_data_folder,
     codec_arg,
     nodes_arg,
-    nonnegative_float,
     positive_float,
     ratio_arg,
     shape_arg,
     shares_arg,
 )
+from .sparsify import add_budget
 
 log = logging.getLogger(__name__)
+
+
+def _caps(args: argparse.Namespace) -> dict[str, float]:
+    """The joint budget's caps (only with --budget joint: the other budgets take none)."""
+    if args.budget != "joint":
+        return {}
+    return {"max_flops": args.max_flops, "max_weights_per_node": args.max_weights_per_node}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -35,7 +42,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         nodes = args.nodes or (len(args.shares) if args.shares else 2)
         man = export_model_name(args.ckpt, args.out, nodes, 1.0 if args.ratio is None else args.ratio,
                                 args.input_shape, args.shares, args.budget, args.codec,
-                                args.weights, latency_weight=args.latency_weight)
+                                args.weights, latency_weight=args.latency_weight, **_caps(args))
     summary = {"out": args.out, "nodes": man["nodes"], "ratio": man["ratio"],
                "params_per_node": [s["params"] for s in man["shards"]],
                "bytes_per_node": [s["bytes"] for s in man["shards"]], "params_dense": man["params_dense"]}
@@ -119,10 +126,7 @@ def add_commands(sub: Any) -> None:
     e.add_argument("--nodes", type=nodes_arg, help="model name: N >= 2 (default 2, or the number of --shares)")
     e.add_argument("--shares", type=shares_arg, help="model name: node shares, e.g. 2,1 (default equal)")
     e.add_argument("--ratio", type=ratio_arg, help="model name: target r in [0, 1] (default 1 = dense)")
-    e.add_argument("--budget", default="global", choices=("global", "layer"))
-    e.add_argument("--latency-weight", type=nonnegative_float, default=0.0,
-                   help="model name, global budget: charge every message kept this many bytes when ranking links "
-                        "(as disco cost/sparsify --latency-weight)")
+    add_budget(e)  # model name: --budget (global, layer, joint and its caps), --latency-weight
     e.add_argument("--input-shape", type=shape_arg, help="model name: e.g. 1,3,224,224 (default: the model's own)")
     e.add_argument("--weights", help="model name: local state-dict file")
     e.add_argument("--out", required=True,
