@@ -1,0 +1,181 @@
+"""The device engine measured side by side, in one run (issue 30 item 7): for each model, one process in
+torch and one in ONNX Runtime running the dense model, then each split setting on N nodes with the torch
+engine and with the ONNX engine, unshaped and at each emulated bandwidth; peak RSS of every process (VmHWM,
+read in that process), weights per node, latency, messages and bytes. Every process computes on one thread.
+Results go to results/edge.json (one entry per measurement, written as each ends; a rerun skips what is there).
+
+    python -m bench.edge                                  # resnet50 (224) and cifar_resnet20, every setting
+    python -m bench.edge --models cifar_resnet20 --bandwidths none,100mbit --iters 5   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32)}
+SETTINGS = [  # (N, target ratio, budget): issue 30's three splits
+    (2, 0.2, "global"), (2, 0.2, "joint"), (4, 0.1, "global")]
+BANDWIDTHS = ("none", "1gbit", "100mbit", "10mbit")
+ENGINES = ("torch", "onnx")
+log = logging.getLogger("bench.edge")
+
+# one process running the dense model: torch eager, or ONNX Runtime with torch never imported
+SINGLE_TORCH = """
+import json, sys, time
+import torch
+from disco.models import build_model
+from disco.procstat import peak_rss_mb, torch_loaded
+torch.set_num_threads(1); torch.manual_seed(0)
+shape, iters = json.loads(sys.argv[1]), int(sys.argv[3])
+model = build_model(sys.argv[2]).eval(); x = torch.randn(shape)
+ts = []
+with torch.no_grad():
+    for k in range(iters + 2):
+        t0 = time.perf_counter(); model(x); ts.append(time.perf_counter() - t0)
+ts = sorted(ts[2:])
+print(json.dumps({"latency_ms_median": ts[len(ts) // 2] * 1e3, "peak_rss_mb": peak_rss_mb(),
+                  "torch_in_process": torch_loaded()}))
+"""
+SINGLE_ORT = """
+import json, sys, time
+sys.modules["torch"] = None  # this process must never import torch
+import numpy as np
+import onnxruntime as ort
+sys.path.insert(0, sys.argv[3])
+from disco_procstat import peak_rss_mb, torch_loaded
+opt = ort.SessionOptions(); opt.intra_op_num_threads = 1; opt.inter_op_num_threads = 1
+sess = ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"])
+inp = sess.get_inputs()[0]
+x = np.random.default_rng(0).standard_normal(inp.shape).astype(np.float32)
+iters, ts = int(sys.argv[2]), []
+for k in range(iters + 2):
+    t0 = time.perf_counter(); sess.run(None, {inp.name: x}); ts.append(time.perf_counter() - t0)
+ts = sorted(ts[2:])
+print(json.dumps({"latency_ms_median": ts[len(ts) // 2] * 1e3, "peak_rss_mb": peak_rss_mb(),
+                  "torch_in_process": torch_loaded()}))
+"""
+
+
+def _json_run(cmd: list[str], timeout: float) -> dict[str, Any]:
+    """A command whose stdout's last line is JSON; a failure becomes an entry with its error."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if p.returncode != 0:
+        return {"error": f"exit {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1][:300]}"}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def single_torch(model: str, shape: tuple[int, ...], iters: int) -> dict[str, Any]:
+    return _json_run([sys.executable, "-c", SINGLE_TORCH, json.dumps(list(shape)), model, str(iters)], 3600)
+
+
+def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path) -> dict[str, Any]:
+    """The dense model exported to ONNX here, run in a process that blocks torch (procstat is copied beside it:
+    importing it from the disco package would import torch)."""
+    import shutil
+
+    import torch
+
+    from disco.models import build_model
+
+    path = work / f"{model}_dense.onnx"
+    if not path.is_file():
+        torch.manual_seed(0)
+        torch.onnx.export(build_model(model).eval(), (torch.randn(shape),), str(path), dynamo=False,
+                          input_names=["x"], output_names=["y"])
+    shutil.copy(ROOT / "src" / "disco" / "procstat.py", work / "disco_procstat.py")
+    return _json_run([sys.executable, "-c", SINGLE_ORT, str(path), str(iters), str(work)], 3600)
+
+
+def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work: Path) -> Path:
+    n, r, budget = setting
+    out = work / f"{model}_n{n}_r{r:g}_{budget}_{engine}"
+    if not (out / "manifest.json").is_file():
+        cmd = [sys.executable, "-m", "disco.cli", "export", model, "--nodes", str(n), "--ratio", str(r),
+               "--budget", budget, "--input-shape", ",".join(map(str, shape)), "--out", str(out), "--json"]
+        if engine == "onnx":
+            cmd += ["--format", "onnx"]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    return out
+
+
+def split_run(folder: Path, n: int, bandwidth: str, iters: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "disco.cli", "run", str(folder), "--nodes", str(n), "--iters", str(iters),
+           "--warmup", "2", "--json"]
+    if bandwidth != "none":
+        cmd += ["--bandwidth", bandwidth]
+    rep = _json_run(cmd, 3600)
+    keep = ("engine", "latency_ms_median", "peak_rss_mb_per_node", "torch_in_node", "weight_bytes_per_node",
+            "params_per_node", "params_dense", "bytes_sent_total", "bytes_predicted", "messages_per_inference",
+            "max_rel_err_vs_single_process", "ratio", "error")
+    return {k: rep[k] for k in keep if k in rep}
+
+
+def plan(models: list[str], bandwidths: list[str]) -> list[dict[str, Any]]:
+    """Every measurement of the run, in order: the dense processes of a model, then its splits."""
+    out: list[dict[str, Any]] = []
+    for m in models:
+        out += [{"model": m, "what": "single", "engine": e} for e in ENGINES]
+        out += [{"model": m, "what": "split", "engine": e, "nodes": n, "target_ratio": r, "budget": b,
+                 "bandwidth": bw} for (n, r, b) in SETTINGS for e in ENGINES for bw in bandwidths]
+    return out
+
+
+def key(e: dict[str, Any]) -> tuple:
+    return tuple(e.get(k) for k in ("model", "what", "engine", "nodes", "target_ratio", "budget", "bandwidth"))
+
+
+def measure(item: dict[str, Any], work: Path, iters: int) -> dict[str, Any]:
+    shape = MODELS[item["model"]]
+    if item["what"] == "single":
+        fn = single_torch if item["engine"] == "torch" else single_ort
+        res = fn(item["model"], shape, iters) if fn is single_torch else fn(item["model"], shape, iters, work)
+        return {**item, **res}
+    setting = (item["nodes"], item["target_ratio"], item["budget"])
+    try:
+        folder = export(item["model"], shape, setting, item["engine"], work)
+    except subprocess.CalledProcessError as e:
+        return {**item, "error": f"export: {(e.stderr or b'').decode().strip().splitlines()[-1:]}"}
+    return {**item, **split_run(folder, item["nodes"], item["bandwidth"], iters)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--bandwidths", default=",".join(BANDWIDTHS), help="'none' is unshaped")
+    p.add_argument("--iters", type=int, default=10, help="timed inferences per measurement (default: 10)")
+    p.add_argument("--out", default=str(ROOT / "results" / "edge.json"))
+    p.add_argument("--work", help="folder for the exports (default: a temporary one)")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    models = [m for m in a.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    out = Path(a.out)
+    done = json.loads(out.read_text()) if out.is_file() else []
+    have = {key(e) for e in done if "error" not in e}
+    todo = [i for i in plan(models, a.bandwidths.split(",")) if key(i) not in have]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(a.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for k, item in enumerate(todo, 1):
+            res = measure(item, work, a.iters)
+            log.info("[%d/%d] %s", k, len(todo), json.dumps({x: res.get(x) for x in (*item, "latency_ms_median",
+                                                                                      "error")}))
+            done = [e for e in done if key(e) != key(res)] + [res]
+            out.write_text(json.dumps(done, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
