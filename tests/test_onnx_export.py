@@ -85,3 +85,13 @@ def test_export_refuses_a_split_that_differs_from_the_models_forward(tmp_path: P
     with pytest.raises(RefusedError, match="ONNX split differs"):
         export_onnx(model, part, None, tmp_path / "onnx", {"name": "x", "kwargs": {}})
     assert not (tmp_path / "onnx").exists()
+
+
+def test_cli_export_format_onnx(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from disco.cli import main
+
+    rc = main(["export", "cifar_resnet8", "--nodes", "2", "--ratio", "0.2", "--format", "onnx",
+               "--out", str(tmp_path / "o"), "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["format"] == "onnx" and out["max_rel_err_onnx"] <= 1e-4
+    assert (tmp_path / "o" / "rank1" / "schedule.json").is_file()

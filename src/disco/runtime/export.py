@@ -126,7 +126,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     states, shards, schedules = [], [], []
     for j, sch in enumerate(build(part, kept)):
         plan = RankPlan(part, kept, j, sch)
-        schedules.append(write_schedule(out / sch_name(j), sch))
+        schedules.append(write_schedule(out / f"node{j}.schedule.json", sch))
         state, n_params = plan.shard_from(gm)
         if n_params != rep.params_per_node[j]:
             raise RuntimeError(f"shard of rank {j} holds {n_params} parameters, the cost model counts "
@@ -262,7 +262,7 @@ def write_schedule(path: Path, sch: RankSchedule) -> dict[str, str]:
 def read_schedule(d: Path, man: dict[str, Any], rank: int) -> RankSchedule:
     """Rank ``rank``'s schedule file, refused when its sha256 differs from the manifest's."""
     entry = man["schedules"][rank] if isinstance(man["schedules"], list) and len(man["schedules"]) > rank else None
-    name = sch_name(rank)
+    name = f"node{rank}.schedule.json"
     if not isinstance(entry, dict) or entry.get("file") != name:
         raise ShardError(f"{d / 'manifest.json'}: field 'schedules[{rank}]' must be "
                          f"{{'file': '{name}', 'sha256': ...}}")
@@ -470,8 +470,8 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
     kept = unpack_bits(man["kept"], man["n_links"])
     sch = read_schedule(d, man, rank)
     if sch != build(part, kept)[rank]:
-        raise ShardError(f"schedule {d / sch_name(rank)} is not the schedule of rank {rank} for this partition "
-                         "and these kept links (exported by another version: export it again)")
+        raise ShardError(f"schedule node{rank}.schedule.json in {d} is not the schedule of rank {rank} for this "
+                         "partition and these kept links (exported by another version: export it again)")
     plan = RankPlan(part, kept, rank, sch)
     expected = plan.expected_shapes(part.gm)
     got = {k: tuple(v.shape) for k, v in weights.items()}
@@ -480,11 +480,6 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
         raise ShardError(f"shard {path} does not fit the plan of rank {rank} (first differences: {diff})")
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
     return NodeState(man, part, plan, part.gm, weights, nbytes)
-
-
-def sch_name(rank: int) -> str:
-    """The file name of rank ``rank``'s schedule in a torch export."""
-    return f"node{rank}.schedule.json"
 
 
 def _check_header(h: dict[str, Any], man: dict[str, Any], rank: int, path: Path) -> None:
