@@ -140,9 +140,9 @@ def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]
         for st in sch.steps:
             if isinstance(st, schedule.Run):
                 ly = layer_of.get(st.node)
-                if ly is not None:
+                if ly is not None and st.half in ("local", "remote"):
                     comp[:2] += _mix_flops(ly, masks[st.node], j, st.half)
-                elif st.half in ("all", "partial") and _computes(part, st.node):
+                elif ly is None and st.half in ("all", "partial") and _computes(part, st.node):
                     comp[:2] += (op_flops[st.node][j], 1)
                 continue
             links = st.kind == "links"

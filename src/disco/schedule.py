@@ -9,7 +9,8 @@ ONNX export serialises it per rank (``schedule.json``, see ``ENGINE.md``). A ran
   run while the remote channels are in flight) then, when the rank reads received channels,
   ``"remote"`` (the blocks over the received channels, added); a channel reduction split across
   ranks (LayerNorm) is ``"partial"`` (per-position statistics of the rank's channels), the stats
-  messages, then ``"finish"``.
+  messages, then ``"finish"``. The leader ends with ``"gather"`` per output: its own channels and the
+  received ones in channel order.
 * ``Message(op="send"|"recv", kind, value, peer, tag, shape, axis, channels, links)``: one
   point-to-point message. ``kind`` is ``"links"`` (the kept channel planes of a base tensor from its
   owner to a receiver, sent right after the tensor is computed, awaited just before the first mixing
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 FORMAT = "disco-schedule/1"
 TAG_INPUT, TAG_OUTPUT, TAG_LINKS, TAG_STATS = 1, 2, 16, 1 << 20  # links: + tensor index; stats: + reduction index
 KINDS = ("links", "stats", "input", "output")
-HALVES = ("all", "local", "remote", "partial", "finish")
+HALVES = ("all", "local", "remote", "partial", "finish", "gather")
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,31 @@ def _step(s: dict[str, Any]) -> Step:
     peer = s["to"] if s["op"] == "send" else s["from"]
     return Message(s["op"], s["kind"], s["value"], int(peer), int(s["tag"]), tuple(s["shape"]), int(s["axis"]),
                    tuple(s.get("channels", ())), tuple(s.get("links", ())))
+
+
+def env_key(m: Message, rank: int) -> str:
+    """The name of a message's value in rank ``rank``'s environment: the input itself, the reduction's
+    statistics ``node@stats`` (sent to every peer), else ``value@kind:src>dst`` (a link message is the cut
+    of its tensor to the channels it carries)."""
+    if m.kind == "input":
+        return m.value
+    if m.kind == "stats" and m.op == "send":
+        return f"{m.value}@stats"
+    src, dst = (rank, m.peer) if m.op == "send" else (m.peer, rank)
+    return f"{m.value}@{m.kind}:{src}>{dst}"
+
+
+def cuts(steps: list[Step]) -> dict[int, list[Message]]:
+    """The link and output sends whose message is cut from its tensor at the end of the compute before them:
+    index of the last run before each block of messages (-1: none) -> that block's sends to cut."""
+    out: dict[int, list[Message]] = {}
+    last = -1
+    for i, st in enumerate(steps):
+        if isinstance(st, Run):
+            last = i
+        elif st.op == "send" and st.kind in ("links", "output"):
+            out.setdefault(last, []).append(st)
+    return out
 
 
 def link_senders(part: Partition) -> np.ndarray:
@@ -242,6 +268,7 @@ class _Builder:
                 chans = tuple(ch.tolist())
                 self.steps[j].append(Message("send", "output", name, 0, TAG_OUTPUT, shape, cdim, chans))
                 self.steps[0].append(Message("recv", "output", name, j, TAG_OUTPUT, shape, cdim, chans))
+        self.steps[0] += [Run(name, "gather") for name in names]
 
 
 def build(part: Partition, kept: np.ndarray | None = None) -> list[RankSchedule]:

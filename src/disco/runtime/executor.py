@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor, fx, nn
 
-from ..graph.capture import shape_of
 from ..graph.ops import Flatten
-from ..schedule import Message, Run
+from ..schedule import Message, Run, cuts, env_key
 from .plan import MixPlan, RankPlan, local_shape
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,18 @@ class Executor:
         steps = plan.schedule.steps
         self.remote = {s.node for s in steps if isinstance(s, Run) and s.half == "remote"}
         self.halves = {"all": self._node, "local": self._local, "remote": self._remote, "partial": self._partial,
-                       "finish": self._finish}
-        self.messages = {("send", "links"): self._send_links, ("recv", "links"): self._recv_links,
-                         ("send", "stats"): self._send_stats, ("recv", "stats"): self._recv_stats,
-                         ("send", "input"): self._send_input, ("recv", "input"): self._recv_input,
-                         ("send", "output"): self._send_output, ("recv", "output"): self._recv_output}
+                       "finish": self._finish, "gather": self._gather_out}
+        self.cuts = cuts(steps)
+        # the leader's output gather (its recvs and "gather" runs) happens in finish(), after the rest
+        out = [i for i, s in enumerate(steps) if isinstance(s, Message) and s.op == "recv" and s.kind == "output"]
+        out += [i for i, s in enumerate(steps) if isinstance(s, Run) and s.half == "gather"]
+        self.tail = min(out, default=len(steps))
+        self._out_recvs: dict[str, list[Message]] = {}
+        for i in out:
+            if isinstance(steps[i], Message):
+                self._out_recvs.setdefault(steps[i].value, []).append(steps[i])
+        self._freed = 0
+        self.env_factory: Callable[[dict[str, Any]], dict[str, Any]] = dict  # the environment's type
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -75,16 +82,16 @@ class Executor:
         raise ValueError(f"cannot execute {nd.op} {nd.name}")
 
     def _recv_view(self, name: str) -> Tensor:
-        renv = self._renv
-        if name in renv:
-            return renv[name]
+        """The channels of ``name`` this rank received, in channel order (``name@recv`` in the environment)."""
+        env = self._env
+        if f"{name}@recv" in env:
+            return env[f"{name}@recv"]
         plan = self.plan
         nd = plan.by_name[name]
         rule = plan.part.rules.get(name)
-        if name in self._arrived:  # a base tensor whose channels arrived
-            ex = plan.exchanges[name]
-            got = self._arrived.pop(name)
-            parts = [got[s] for s in sorted(got)]
+        ex = plan.exchanges.get(name)
+        if ex is not None and ex.recvs:  # a base tensor whose channels arrived
+            parts = [env.pop(f"{name}@links:{s}>{plan.rank}") for s in sorted(ex.recvs)]
             t = parts[0] if len(parts) == 1 else torch.cat(parts, ex.cdim)
             val = t.index_select(ex.cdim, ex.recv_perm) if len(parts) > 1 else t
         elif name in plan.gather_recv:
@@ -103,7 +110,7 @@ class Executor:
                 val = self._call(nd, args, kwargs)
         else:
             val = torch.zeros(local_shape(plan, name, 0))
-        renv[name] = val
+        env[f"{name}@recv"] = val
         return val
 
     def _relayed(self, nd: fx.Node) -> Tensor:
@@ -168,7 +175,7 @@ class Executor:
             else:
                 ys.append(None)
         if nd.name in self.remote:
-            self._partial_out[nd.name] = ys
+            self._env.update({f"{nd.name}@local{b}": y for b, y in enumerate(ys) if y is not None})
             return None
         return self._mix_out(mp, ys)
 
@@ -176,7 +183,7 @@ class Executor:
         """The received half of a mixing op, added to its local half."""
         mp = self.plan.mix[nd.name]
         m, k = self.mix_modules[mp.node], mp.kernel
-        ys = self._partial_out.pop(nd.name)
+        ys = [self._env.pop(f"{nd.name}@local{b}", None) for b in range(len(mp.blocks))]
         xr = self._recv_view(mp.input)
         for b, blk in enumerate(mp.blocks):
             if not len(blk.rcv):
@@ -200,39 +207,50 @@ class Executor:
         """A channel reduction (LayerNorm, L2 norm) split across ranks, exact: this rank's per-position
         statistics over its own channels, which the stats messages exchange."""
         x = self._env[nd.all_input_nodes[0].name]
-        self._stats[nd.name] = {self.plan.rank: self.plan.part.rules[nd.name].partial(x, self.plan.part.cdim[nd.name])}
+        self._env[f"{nd.name}@stats"] = self.plan.part.rules[nd.name].partial(x, self.plan.part.cdim[nd.name])
         return None
 
     def _finish(self, nd: fx.Node) -> Any:
-        plan = self.plan
-        parts = self._stats.pop(nd.name)
-        st = torch.stack([parts[j] for j in range(plan.part.nodes)])  # [N, ..., stats]
+        plan, env, j = self.plan, self._env, self.plan.rank
+        parts = [env.pop(f"{nd.name}@stats" if k == j else f"{nd.name}@stats:{k}>{j}") for k in range(plan.part.nodes)]
+        st = torch.stack(parts)  # [N, ..., stats]
         counts = torch.as_tensor(np.bincount(plan.part.owner[nd.name], minlength=plan.part.nodes), dtype=st.dtype)
         mod = (self.mods.get(nd.name) or self.gm.get_submodule(nd.target)) if nd.op == "call_module" else None
         x = self._env[nd.all_input_nodes[0].name]
         return plan.part.rules[nd.name].finish(mod, nd, x, plan.part.cdim[nd.name], st, counts)
 
+    def _gather_out(self, nd: fx.Node) -> Any:
+        """The leader's whole output ``name@full``: its own channels and the received ones, in channel order."""
+        plan, name = self.plan, nd.name
+        parts, chans = [self._env[name]], [plan.local[name]]
+        for m in self._out_recvs.get(name, ()):
+            parts.append(self._env.pop(env_key(m, 0)))
+            chans.append(np.asarray(m.channels))
+        if len(parts) == 1:
+            return parts[0]
+        perm = torch.as_tensor(np.argsort(np.concatenate(chans), kind="stable"))
+        return torch.cat(parts, plan.part.cdim[name]).index_select(plan.part.cdim[name], perm)
+
     # ---- messages -------------------------------------------------------------------------
 
-    def _send_links(self, m: Message) -> None:
-        ex = self.plan.exchanges[m.value]
-        self.tr.send(m.tag, m.peer, self._env[m.value].index_select(m.axis, ex.sends[m.peer]),
-                     links=ex.send_links[m.peer])
+    def _cut(self, m: Message) -> None:
+        """Put the exact message of a link or output send in the environment (``env_key``)."""
+        pos = self.plan.exchanges[m.value].sends[m.peer] if m.kind == "links" else \
+            torch.as_tensor(np.searchsorted(self.plan.local[m.value], m.channels))
+        self._env[env_key(m, self.plan.rank)] = self._env[m.value].index_select(m.axis, pos)
 
-    def _recv_links(self, m: Message) -> None:
-        self._arrived.setdefault(m.value, {})[m.peer] = self._posted.pop((m.tag, m.peer)).wait()
-
-    def _send_stats(self, m: Message) -> None:
-        self.tr.send(m.tag, m.peer, self._stats[m.value][self.plan.rank], coded=False, stats=True)
-
-    def _recv_stats(self, m: Message) -> None:
-        self._stats[m.value][m.peer] = self._posted.pop((m.tag, m.peer)).wait()
-
-    def _send_input(self, m: Message) -> None:
-        self.tr.send(m.tag, m.peer, self._env[m.value], coded=False)
-
-    def _recv_input(self, m: Message) -> None:
-        self._set(m.value, self.tr.recv(m.tag, m.peer, m.shape, coded=False).wait())
+    def _ship(self, m: Message) -> None:
+        key = env_key(m, self.plan.rank)
+        if m.op == "send":
+            links = self.plan.exchanges[m.value].send_links[m.peer] if m.kind == "links" else None
+            v = self._env.pop(key) if m.kind in ("links", "output") else self._env[key]
+            self.tr.send(m.tag, m.peer, v, links=links, coded=m.kind == "links", stats=m.kind == "stats")
+        elif m.kind in ("links", "stats"):  # posted up front
+            self._set(key, self._posted.pop((m.tag, m.peer)).wait())
+        elif m.kind == "input":
+            self._set(key, self.tr.recv(m.tag, m.peer, m.shape, coded=False).wait())
+        else:  # the output: posted in start(), waited for when the leader gathers (finish)
+            self._set(key, self._handles.pop(key).wait())
 
     def _set(self, name: str, val: Any) -> None:
         self._env[name] = val
@@ -259,51 +277,53 @@ class Executor:
 
         With ``flush=False`` the sends may still be in flight when this returns (streaming)."""
         plan = self.plan
-        self._env = env = dict(plan.fixed_args)
-        self._renv, self._arrived, self._stats, self._partial_out = {}, {}, {}, {}
-        self._gathered: list[tuple[str, int, Tensor, Handle]] = []
+        self._env = self.env_factory(plan.fixed_args)
+        self._handles = {env_key(m, 0): self.tr.recv(m.tag, m.peer, m.shape, coded=False)
+                         for ms in self._out_recvs.values() for m in ms}
         self._posted = {(m.tag, m.peer): self.tr.recv(m.tag, m.peer, m.shape, coded=m.kind == "links")
                         for m in plan.schedule.messages("recv") if m.kind in ("links", "stats")}  # up front
         if plan.rank == 0:
             for name, x in zip(plan.inputs, inputs or [], strict=True):
                 self._set(name, x)
-        freed = 0
-        for st in plan.schedule.steps:
-            if isinstance(st, Message):
-                self.messages[(st.op, st.kind)](st)
-                continue
-            at = self.order[st.node]
-            for k in range(freed, at):  # values last used before this node
-                for f in self.frees.get(k, ()):
-                    env.pop(f, None)
-                    self._renv.pop(f, None)
-            freed = max(freed, at)
-            val = self.halves[st.half](plan.by_name[st.node])
-            if st.half in ("all", "finish", "remote") or (st.half == "local" and st.node not in self.remote):
-                self._set(st.node, val)
-        finish = self._gather()
+        self._freed = 0
+        for m in self.cuts.get(-1, ()):
+            self._cut(m)
+        for i in range(self.tail):
+            self.step(i)
         if flush:
             self.tr.flush()
-        return finish
+        env, handles = self._env, self._handles  # this inference's (streaming starts the next before finish)
+        return lambda: self._finish_gather(env, handles)
 
-    def _gather(self) -> Any:
-        plan, env = self.plan, self._env
+    def step(self, i: int) -> None:
+        """Execute step ``i`` of the schedule (a send's cut happens with the run before it: :attr:`cuts`)."""
+        st = self.plan.schedule.steps[i]
+        if isinstance(st, Message):
+            self._ship(st)
+            return
+        at = self.order[st.node]
+        for k in range(self._freed, at):  # values last used before this node
+            for f in self.frees.get(k, ()):  # dict.pop: a free is not a read (see runtime.onnx_export)
+                dict.pop(self._env, f, None)
+                dict.pop(self._env, f"{f}@recv", None)
+        self._freed = max(self._freed, at)
+        val = self.halves[st.half](self.plan.by_name[st.node])
+        if st.half == "gather":
+            self._env[f"{st.node}@full"] = val
+        elif st.half in ("all", "finish", "remote") or (st.half == "local" and st.node not in self.remote):
+            self._set(st.node, val)
+        for m in self.cuts.get(i, ()):
+            self._cut(m)
+
+    def _finish_gather(self, env: dict[str, Any], handles: dict[str, Handle]) -> Any:
+        """The leader: wait for the output parts and assemble the output (others: None)."""
+        plan = self.plan
         if plan.rank != 0:
-            return lambda: None
-        full: dict[str, Tensor] = {}
-        for name in plan.outputs:
-            v = env[name]
-            out = torch.empty(shape_of(plan.by_name[name]), dtype=v.dtype)
-            out.index_copy_(plan.part.cdim[name], torch.as_tensor(plan.local[name]), v)
-            full[name] = out
-        gathered = self._gathered
-
-        def finish() -> Any:
-            for name, axis, idx, h in gathered:
-                full[name].index_copy_(axis, idx, h.wait())
-            return fx.node.map_arg(plan.output_node.args[0], lambda a: full[a.name])
-
-        return finish
+            return None
+        self._env, self._handles = env, handles
+        for i in range(self.tail, len(plan.schedule.steps)):
+            self.step(i)
+        return fx.node.map_arg(plan.output_node.args[0], lambda a: self._env[f"{a.name}@full"])
 
 
 def run_module(module: nn.Module, x: Tensor) -> Tensor:
