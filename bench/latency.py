@@ -93,10 +93,7 @@ def iterations(predicted_ms: float) -> tuple[int, int]:
     return max(20, min(200, int(2000 / max(predicted_ms, 1e-3)))), 1 if predicted_ms > 1000 else 3
 
 
-LAUNCH_BELOW_MS = 100.0  # runs predicted faster than this are measured over LAUNCHES separate launches
-
-
-LAUNCHES = 3
+LAUNCH_BELOW_MS, LAUNCHES = 100.0, 3  # runs predicted faster than this are measured over LAUNCHES launches
 
 
 def launches(predicted_ms: float, timed: int) -> tuple[int, int]:
@@ -285,13 +282,9 @@ class Prepared:
 def job_list(models: list[str], quick: bool) -> list[dict[str, Any]]:
     """Every measurement, most informative first (a budget cuts from the end)."""
     if quick:
-        jobs = [dict(model="cifar_resnet8", nodes=1, r=1.0, codec="fp32", bw=None, shaping=None)]
-        for r in (1.0, 0.2, 0.0):
-            for bw in (100, None):
-                jobs.append(dict(model="cifar_resnet8", nodes=2, r=r, codec="fp32", bw=bw,
-                                 shaping="pacing" if bw else None))
-        jobs.append(dict(model="cifar_resnet8", nodes=2, r=1.0, codec="fp32", bw=100, shaping="tc"))
-        return jobs
+        return [dict(model="cifar_resnet8", nodes=n, r=r, codec="fp32", bw=bw, shaping=sh) for n, r, bw, sh in
+                [(1, 1.0, None, None), *((2, r, bw, "pacing" if bw else None) for r in (1.0, 0.2, 0.0)
+                                          for bw in (100, None)), (2, 1.0, 100, "tc")]]
     jobs: list[dict[str, Any]] = []
 
     def add(model: str, n: int, r: float, codec: str, bw: float | None, shaping: str | None = "pacing") -> None:
