@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python -m bench.faults                 # every case -> results/faults.json
     python -m bench.faults --cases stop_leader_run,edit_kept  # some cases, in this order
     python -m bench.faults --resume                           # run only the cases not yet in the JSON
-    python recipes/tables.py                                  # -> the table in docs/faults.md
+    python -m recipes.pages                                   # -> the table in docs/faults.md
 
 Each case runs the real command line (``disco run``, or the node program for the rendezvous cases) on a
 ``cifar_resnet8`` export split over 2 nodes, and records the exit code, the seconds from the fault to the
