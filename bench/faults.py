@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python -m bench.faults                 # every case -> results/faults.json
     python -m bench.faults --cases stop_leader_run,edit_kept  # some cases, in this order
     python -m bench.faults --resume                           # run only the cases not yet in the JSON
-    python recipes/tables.py                                  # -> the table in docs/faults.md
+    python -m recipes.pages                                   # -> the table in docs/faults.md
 
 Each case runs the real command line (``disco run``, or the node program for the rendezvous cases) on a
 ``cifar_resnet8`` export split over 2 nodes, and records the exit code, the seconds from the fault to the
@@ -254,21 +254,14 @@ def _run_nodes(c: Case, d: Path, tmp: Path, cmds: list[list[str]], envs: list[di
                    len(lines), left, files, ok)
 
 
-def foreign_listener(c: Case, d: Path, tmp: Path) -> Outcome:
-    """A non-leader whose master port is held by another program (it accepts, never answers)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        return _run_nodes(c, d, tmp, [_node(d, 1, port)], [_env(tmp, {"DISCO_RUN_TOKEN": "t"})])
-
-
-def port_in_use(c: Case, d: Path, tmp: Path) -> Outcome:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        return _run_nodes(c, d, tmp, [_node(d, 0, port)], [_env(tmp, {"DISCO_RUN_TOKEN": "t"})])
+def _held_port(rank: int) -> Callable[[Case, Path, Path], Outcome]:
+    """Node ``rank`` alone, its master port held by another program (it accepts, never answers)."""
+    def run(c: Case, d: Path, tmp: Path) -> Outcome:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            return _run_nodes(c, d, tmp, [_node(d, rank, s.getsockname()[1])], [_env(tmp, {"DISCO_RUN_TOKEN": "t"})])
+    return run
 
 
 def wrong_token(c: Case, d: Path, tmp: Path) -> Outcome:
@@ -315,9 +308,9 @@ def cases() -> list[Case]:
              needs="SIGTERM"),
         Case("sigint", "SIGINT (Ctrl-C) to disco run mid-run", 128 + signal.SIGINT, signal_run=signal.SIGINT,
              needs="SIGINT"),
-        Case("foreign_listener", "non-leader; master port held by another program", 3, custom=foreign_listener,
+        Case("foreign_listener", "non-leader; master port held by another program", 3, custom=_held_port(1),
              needs="cannot reach the leader's store"),
-        Case("port_in_use", "leader; master port already in use", 3, custom=port_in_use, needs="in use"),
+        Case("port_in_use", "leader; master port already in use", 3, custom=_held_port(0), needs="in use"),
         Case("wrong_token", "two nodes with different run tokens", 3, custom=wrong_token, needs="not there"),
     ]
     return out

@@ -10,16 +10,7 @@ bandwidth) and the tables of bench/README.md, docs/latency.md and README.md from
 module; the network namespaces and tc are ``bench.netns``, the latency model's calibration
 ``bench.calibration``, the host's other jobs ``bench.host``.
 
-Link model (the runtime's pacing implements the same one, see disco.runtime.transport):
-each node's interface is limited to the bandwidth, full duplex, all nodes behind one
-non-blocking switch. The latency model (disco.runtime.latency) replays each node's
-program, measured alone at zero communication cost, against that link model, with a
-per-message delivery delay a + b*S fitted on a gloo ping-pong and N node processes sharing
-the host's cores; it predicts with overlap (as the executor runs) and without.
-
-Kernel shaping ("tc" entries): N=2, each node in its own network namespace joined by a veth
-pair, a tbf qdisc at the bandwidth on each end, no pacing. Its prediction uses the same
-model at the TCP goodput of the link (1448 payload bytes per 1514-byte frame).
+The link model, the latency model and the kernel shaping ("tc" entries): bench/README.md.
 """
 
 from __future__ import annotations
@@ -93,10 +84,7 @@ def iterations(predicted_ms: float) -> tuple[int, int]:
     return max(20, min(200, int(2000 / max(predicted_ms, 1e-3)))), 1 if predicted_ms > 1000 else 3
 
 
-LAUNCH_BELOW_MS = 100.0  # runs predicted faster than this are measured over LAUNCHES separate launches
-
-
-LAUNCHES = 3
+LAUNCH_BELOW_MS, LAUNCHES = 100.0, 3  # runs predicted faster than this are measured over LAUNCHES launches
 
 
 def launches(predicted_ms: float, timed: int) -> tuple[int, int]:
@@ -285,64 +273,40 @@ class Prepared:
 def job_list(models: list[str], quick: bool) -> list[dict[str, Any]]:
     """Every measurement, most informative first (a budget cuts from the end)."""
     if quick:
-        jobs = [dict(model="cifar_resnet8", nodes=1, r=1.0, codec="fp32", bw=None, shaping=None)]
-        for r in (1.0, 0.2, 0.0):
-            for bw in (100, None):
-                jobs.append(dict(model="cifar_resnet8", nodes=2, r=r, codec="fp32", bw=bw,
-                                 shaping="pacing" if bw else None))
-        jobs.append(dict(model="cifar_resnet8", nodes=2, r=1.0, codec="fp32", bw=100, shaping="tc"))
-        return jobs
+        return [dict(model="cifar_resnet8", nodes=n, r=r, codec="fp32", bw=bw, shaping=sh) for n, r, bw, sh in
+                [(1, 1.0, None, None), *((2, r, bw, "pacing" if bw else None) for r in (1.0, 0.2, 0.0)
+                                          for bw in (100, None)), (2, 1.0, 100, "tc")]]
     jobs: list[dict[str, Any]] = []
 
-    def add(model: str, n: int, r: float, codec: str, bw: float | None, shaping: str | None = "pacing") -> None:
-        j = dict(model=model, nodes=n, r=r, codec=codec, bw=bw, shaping=shaping if bw is not None else None)
-        if model and j not in jobs:
-            jobs.append(j)
+    def add(model: str, n: int, rs: tuple, codecs: tuple = ("fp32",), bws: tuple = (None,), shaping: str = "pacing",
+            codec_first: bool = False) -> None:
+        """Every (r, codec, bw) of the grid, r outermost (codec outermost with ``codec_first``), bw innermost."""
+        for c, r in [(c, r) for c in codecs for r in rs] if codec_first else [(c, r) for r in rs for c in codecs]:
+            for bw in bws:
+                j = dict(model=model, nodes=n, r=r, codec=c, bw=bw, shaping=shaping if bw is not None else None)
+                if model and j not in jobs:
+                    jobs.append(j)
 
     big, small = models[0], models[1] if len(models) > 1 else ""
-    add(big, 1, 1.0, "fp32", None)
-    for codec in CODECS:  # headline: r=0.2 vs dense at 100 Mbit/s
-        for r in (1.0, 0.2):
-            add(big, 2, r, codec, 100)
-    for r in RATIOS:
-        add(big, 2, r, "fp32", None)
-    add(small, 1, 1.0, "fp32", None)
-    for r in RATIOS:
-        for bw in (100, None):
-            add(small, 2, r, "fp32", bw)
-    for r in (0.1, 0.05, 0.0):
-        for codec in CODECS:
-            add(big, 2, r, codec, 100)
-    add(big, 2, 1.0, "fp32", 100, "tc")
-    add(big, 2, 0.2, "fp32", 100, "tc")
-    for codec in CODECS:
-        for r in (1.0, 0.1):
-            add(big, 4, r, codec, 100)
-    for r in (1.0, 0.2):
-        add(big, 2, r, "fp32", 1000)
-        add(big, 2, r, "fp32", 10)
-    add(big, 2, 0.2, "fp16", 10)
-    add(big, 2, 0.2, "fp16", 1000)
-    add(small, 2, 1.0, "fp32", 100, "tc")
-    add(small, 2, 0.2, "fp32", 100, "tc")
-    for r in (1.0, 0.1):
-        add(small, 4, r, "fp32", 100)
-        add(small, 4, r, "fp32", None)
-    add(big, 2, 0.2, "fp32", 1000, "tc")
-    add(big, 2, 1.0, "fp32", 1000, "tc")
-    add(big, 2, 0.2, "fp32", 10, "tc")
-    for r in (1.0, 0.1, 0.2, 0.05, 0.0):
-        add(big, 4, r, "fp32", None)
-        add(big, 4, r, "fp32", 1000)
-    for r in RATIOS:
-        add(big, 2, r, "fp16", None)
-        add(big, 2, r, "fp16", 1000)
+    add(big, 1, (1.0,))
+    add(big, 2, (1.0, 0.2), CODECS, (100,), codec_first=True)  # headline: r=0.2 vs dense at 100 Mbit/s
+    add(big, 2, RATIOS)
+    add(small, 1, (1.0,))
+    add(small, 2, RATIOS, bws=(100, None))
+    add(big, 2, (0.1, 0.05, 0.0), CODECS, (100,))
+    add(big, 2, (1.0, 0.2), bws=(100,), shaping="tc")
+    add(big, 4, (1.0, 0.1), CODECS, (100,), codec_first=True)
+    add(big, 2, (1.0, 0.2), bws=(1000, 10))
+    add(big, 2, (0.2,), ("fp16",), (10, 1000))
+    add(small, 2, (1.0, 0.2), bws=(100,), shaping="tc")
+    add(small, 4, (1.0, 0.1), bws=(100, None))
+    add(big, 2, (0.2, 1.0), bws=(1000,), shaping="tc")
+    add(big, 2, (0.2,), bws=(10,), shaping="tc")
+    add(big, 4, (1.0, 0.1, 0.2, 0.05, 0.0), bws=(None, 1000))
+    add(big, 2, RATIOS, ("fp16",), (None, 1000))
     for model in (small, big):
         for n in (2, 4):
-            for r in RATIOS:
-                for codec in CODECS:
-                    for bw in BANDWIDTHS:
-                        add(model, n, r, codec, bw)
+            add(model, n, RATIOS, CODECS, BANDWIDTHS)
     return jobs
 
 

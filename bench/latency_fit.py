@@ -384,18 +384,13 @@ def main() -> int:
            "compute_fit_log_error": {"worst": cfit[0], "median": cfit[1]},
            "delay_pingpong_loaded": pingpong(meta),
            "method": __doc__.strip(),
-           "summary": {
-               "old model, all measured": summary(multi, [e["predicted_ms"] for e in multi]),
-               "link model (measured compute), fitted on all": summary(fitted, preds(fitted, "link_model_ms")),
-               "link model (measured compute), cross-validated": summary(fitted, preds(fitted, "link_model_cv_ms")),
-               "planner (compute model too), fitted on all": summary(fitted, preds(fitted, "planner_ms")),
-               "planner (compute model too), cross-validated": summary(fitted, preds(fitted, "planner_cv_ms")),
-           } | ({
-               f"link model (measured compute), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
-                   moved, preds(moved, "link_model_ms")),
-               f"planner (compute model too), host speed moved > {DRIFT:.2f}x (not fitted)": summary(
-                   moved, preds(moved, "planner_ms")),
-           } if moved else {}),
+           "summary": {"old model, all measured": summary(multi, [e["predicted_ms"] for e in multi])} | {
+               f"{what}, {how}": summary(es, preds(es, f"{f}{cv}"))
+               for block in ((("fitted on all", fitted, "_ms"), ("cross-validated", fitted, "_cv_ms")),
+                             ((f"host speed moved > {DRIFT:.2f}x (not fitted)", moved, "_ms"),))
+               for what, f in (("link model (measured compute)", "link_model"), ("planner (compute model too)",
+                                                                                 "planner"))
+               for how, es, cv in block if es},
            "halves": {h: {k: v for k, v in fits[h][0].__dict__.items() if k != "source"} for h in "AB"},
            "entries": rows}
     args.out.write_text(json.dumps(out, indent=1))

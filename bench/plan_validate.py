@@ -45,35 +45,25 @@ SETTINGS = [
 def sh(cmd: list[str]) -> dict:
     print("+", " ".join(cmd[2:] if cmd[:2] == DISCO[:2] else cmd), flush=True)
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT).stdout  # disco plan reads ./results
     return json.loads(out.strip().splitlines()[-1])
 
 
 def host_check() -> dict:
-    """The one-process latency of resnet50 and cifar_resnet20 now (1 thread, median of 10) against the
+    """The one-process latency of resnet50 and cifar_resnet20 now (1 thread, median of 10 after 1) against the
     quiet-host values of results/latency.json: how much the host's load slows everything down."""
-    import numpy as np
     import torch
 
     from disco.models import build_model
+    from disco.planner import time_one_process
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     quiet = {e["model"]: e["latency_ms_median"] for e in json.loads((ROOT / "results" / "latency.json").read_text())
              ["entries"] if e["mode"] == "single"}
     out: dict = {"loadavg_1min": round(os.getloadavg()[0], 2),
                  "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     for name, shape in (("resnet50", (1, 3, 224, 224)), ("cifar_resnet20", (1, 3, 32, 32))):
-        m, x = build_model(name).eval(), torch.randn(shape)
-        with torch.no_grad():
-            for _ in range(2):
-                m(x)
-            ts = []
-            for _ in range(10):
-                t0 = time.perf_counter()
-                m(x)
-                ts.append(time.perf_counter() - t0)
-        ms = float(np.median(ts)) * 1e3
+        ms = time_one_process(build_model(name).eval(), shape, reps=10)
         out[name] = {"one_process_ms_now": round(ms, 2), "quiet_ms": round(quiet[name], 2),
                      "slowdown": round(ms / quiet[name], 1)}
     return out

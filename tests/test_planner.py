@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,7 +188,7 @@ def test_codec_cost_is_charged_per_value_encoded_and_decoded() -> None:
     assert same == pytest.approx(plain, rel=1e-12)
 
 
-def test_codec_drops_count_only_quality_metrics(tmp_path, monkeypatch) -> None:
+def test_codec_drops_count_only_quality_metrics() -> None:
     """A codec's drop is the worst loss of a quality metric against fp32; timings (detection's model_ms), counts,
     per-class IoU and the bicubic baseline are not accuracy."""
     entries = [
@@ -198,11 +199,10 @@ def test_codec_drops_count_only_quality_metrics(tmp_path, monkeypatch) -> None:
         {"checkpoint": "seg", "codec": "fp32", "metrics": {"miou": 34.6, "iou_pole": 9.0}},
         {"checkpoint": "seg", "codec": "fp16", "metrics": {"miou": 34.6, "iou_pole": 0.0}},
     ]
-    (tmp_path / "codecs.json").write_text(json.dumps({"entries": entries}))
-    monkeypatch.setattr(planner, "RESULTS", tmp_path)
-    drops = planner.codec_drops()
+    drops = planner.codec_drops({"entries": entries})
     assert drops["int8"] == pytest.approx(0.5)  # map50 43.0 -> 42.5; not model_ms 9.7 -> 5.0
     assert drops["fp16"] == pytest.approx(0.0)
+    assert planner.codec_drops(None) == {"fp32": 0.0}  # no codecs results: only fp32 is known to lose nothing
 
 
 def test_scaled_to_host_scales_cpu_costs_only() -> None:
@@ -217,7 +217,7 @@ def test_scaled_to_host_scales_cpu_costs_only() -> None:
         assert getattr(new, k) == pytest.approx(2.5 * getattr(cal, k))
     assert (new.delay_a, new.delay_b, new.wake_unshaped_s) == (cal.delay_a, cal.delay_b, cal.wake_unshaped_s)
     assert new.codec_encode_s["int8"] == pytest.approx(2.5e-9) and new.codec_decode_s["int8"] == pytest.approx(7.5e-9)
-    assert planner._single_process(model, "cifar_resnet8", (1, 3, 32, 32), new) == {
+    assert planner.single_process(model, "cifar_resnet8", (1, 3, 32, 32), new) == {
         "ms": 25.0, "source": "measured (timed on this host)"}
 
 
@@ -241,7 +241,7 @@ def test_wake_up_adds_the_wait_for_a_core_only_when_oversubscribed() -> None:
 
 def test_default_calibration_is_the_committed_fit() -> None:
     """Calibration() (used where results/latency_model.json is absent) must not drift from the fit."""
-    path = planner.RESULTS / "latency_model.json"
+    path = Path(__file__).resolve().parents[1] / "results" / "latency_model.json"
     if not path.is_file():
         pytest.skip("results/latency_model.json is not in this checkout")
     fitted = json.loads(path.read_text())["calibration"]
@@ -267,3 +267,22 @@ def test_tbf_bucket_lets_a_burst_leave_at_once_and_refills_at_the_rate() -> None
     assert lat.replay([leader, apart], link, 2, d, burst_bytes=1000) == pytest.approx(1e-3)
     big = [("s", 0, 5, 3000), ("f",)]
     assert lat.replay([[("w", 1, 5, 3000), ("f",)], big], link, 2, d, burst_bytes=1000) == pytest.approx(2e-3)
+
+
+def test_accuracy_comes_in_as_data_and_from_the_cli_file(tmp_path, capsys) -> None:
+    """The library reads no results file: plan() takes the accuracy results as (source, JSON) pairs; the command
+    line reads them from --accuracy FILE (or ./results by default)."""
+    doc = {"entries": [{"model": "cifar_resnet8", "nodes": 2, "target_ratio": 0.2, "top1": 80.5},
+                       {"model": "other", "nodes": 2, "target_ratio": 0.2, "top1": 99.0}]}
+    assert planner.accuracy_rows([("mine", doc)], "cifar_resnet8") == [
+        {"nodes": 2, "ratio": 0.2, "shares": None, "codec": "fp32", "metric": "top1", "value": 80.5, "source": "mine"}]
+    res = planner.plan(_req(nodes=(2,), ratios=(0.2, 1.0), codecs=("fp32",)), results=[("mine", doc)])
+    by_r = {c["ratio_target"]: c for c in res["candidates"]}
+    assert (by_r[0.2]["accuracy"], by_r[0.2]["accuracy_source"]) == (80.5, "mine") and by_r[1.0]["accuracy"] is None
+    assert res["recommended"]["ratio_target"] == 0.2  # the only point of known accuracy
+    f = tmp_path / "acc.json"
+    f.write_text(json.dumps(doc))
+    assert main(["plan", "cifar_resnet8", "--input-shape", "1,3,32,32", "--nodes", "2", "--ratios", "0.2",
+                 "--codecs", "fp32", "--accuracy", str(f), "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)["candidates"][0]
+    assert (c["accuracy"], c["accuracy_source"]) == (80.5, str(f))

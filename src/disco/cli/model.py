@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 from ..errors import RefusedError
@@ -109,6 +110,24 @@ memory_arg = as_arg(_memory, "memory")
 
 
 
+NOT_ACCURACY = ("latency.json", "latency_model.json", "codecs.json", "planner_validation.json")
+
+
+def _accuracy_results(files: list[str] | None, results: Path) -> list[tuple[str, Any]]:
+    """(source, loaded JSON) of each ``--accuracy`` file; by default every results JSON in ``results`` but the
+    latency, codec and validation ones (a file that is not JSON is skipped)."""
+    paths = [Path(f) for f in files] if files else \
+        [f for f in sorted(results.glob("*.json")) if f.name not in NOT_ACCURACY]
+    out = []
+    for f in paths:
+        try:
+            out.append((f"results/{f.name}" if not files else str(f), json.loads(f.read_text())))
+        except (OSError, json.JSONDecodeError) as e:
+            if files:
+                raise RefusedError(f"--accuracy {f}: {e}") from e
+    return out
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .. import planner
     from ..validate import parse_bandwidth, parse_latency
@@ -119,7 +138,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         codecs=tuple(args.codecs), ratios=tuple(args.ratios), max_memory_per_node=args.max_memory_per_node,
         speeds=args.speeds, shares=args.shares, cores=args.cores, max_drop=args.max_drop, weights=args.weights,
         time_host=args.time_host)
-    res = planner.plan(req, planner.Calibration.load(args.calibration) if args.calibration else None)
+    results = Path(args.results)
+    cal = planner.Calibration.load(args.calibration or results / "latency_model.json")
+    codecs = results / "codecs.json"
+    res = planner.plan(req, cal, _accuracy_results(args.accuracy, results),
+                       json.loads(codecs.read_text()) if codecs.is_file() else None)
     res["commands"] = planner.commands(res, req)
     if args.plot:
         planner.plot(res, args.plot)
@@ -170,7 +193,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--max-drop", type=nonnegative_float, default=1.0,
                    help="accuracy points the recommendation may lose")
     p.add_argument("--weights", help="local state-dict file for a model name")
-    p.add_argument("--calibration", help="latency model calibration JSON (default results/latency_model.json)")
+    p.add_argument("--results", default="results", help="folder of the results JSON read by default "
+                   "(latency_model.json, codecs.json, the accuracy of trained points; default ./results)")
+    p.add_argument("--calibration", help="latency model calibration JSON (default RESULTS/latency_model.json, "
+                   "else the package's own fit)")
+    p.add_argument("--accuracy", action="append", help="results JSON with the accuracy of trained (N, r) points "
+                   "(repeatable; default every RESULTS/*.json but latency*, codecs and planner_validation)")
     p.add_argument("--time-host", action="store_true",
                    help="time the model once here (one process, 1 thread) and scale the calibration's CPU costs "
                         "to this machine's speed (when the nodes are machines like this one)")

@@ -159,6 +159,121 @@ class Delay:
         return self.a + self.b * nbytes
 
 
+class _Replay:
+    """The state of one replay (see :func:`replay`): each node's position, status and pending wake-up, each
+    sender's link and tbf bucket, the messages sent and waited for."""
+
+    def __init__(self, progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float,
+                 burst_bytes: float, busy_s: float) -> None:
+        n = len(progs)
+        self.progs, self.link, self.cores, self.delay, self.n = progs, link, cores, delay, n
+        self.wake_s, self.burst_bytes, self.busy_s, self.bw = wake_s, burst_bytes, busy_s, link.bandwidth_bps
+        self.idx = [0] * n
+        self.status = ["new"] * n  # new (not stepped yet) | run | wait | done
+        self.rem = [0.0] * n
+        self.wake: list[float | None] = [None] * n
+        self.tx_free = [0.0] * n
+        self.last_out = [0.0] * n
+        self.rx_free = [-1e9] * n
+        self.tokens = [(float(burst_bytes), 0.0)] * n  # each sender's bucket: (level, at time)
+        self.arrivals: dict[tuple, float] = {}  # (src, dst, tag, k) -> arrival time
+        self.sent_count: dict[tuple, int] = {}
+        self.wait_count: dict[tuple, int] = {}
+        self.waiting: dict[tuple, tuple[int, float, int]] = {}  # key -> (node, time it started waiting, nbytes)
+        self.end = [0.0] * n
+        self.t = 0.0
+
+    def bucket(self, j: int, start: float, nbytes: int) -> float:
+        """When the last of ``nbytes``, the first of them leaving at ``start``, has left node j's tbf."""
+        level, at = self.tokens[j]
+        level = min(self.burst_bytes, level + (start - at) * self.bw / 8.0)
+        free = min(level, nbytes)
+        done = start + (nbytes - free) * 8.0 / self.bw
+        self.tokens[j] = (level - free, done)
+        return done
+
+    def downlink(self, j: int, t_wait: float, arr: float, nbytes: int) -> float:
+        done = max(t_wait, arr)
+        if self.bw is None or self.burst_bytes:
+            return done
+        avail = max(done, self.rx_free[j] + nbytes * 8.0 / self.bw)
+        self.rx_free[j] = avail
+        return avail
+
+    def send(self, j: int, dst: int, tag: int, nb: int) -> None:
+        k = self.sent_count.get((j, dst, tag), 0)
+        self.sent_count[(j, dst, tag)] = k + 1
+        if self.link.shaped:
+            start = max(self.t, self.tx_free[j])
+            self.tx_free[j] = self.bucket(j, start, nb) if self.burst_bytes and self.bw \
+                else start + self.link.wire_time(nb)
+            release = self.tx_free[j] + self.link.latency_s
+        else:
+            release = self.t
+        if self.busy_s and sum(1 for i in range(self.n) if i != j and self.status[i] == "run") + 1 >= self.cores:
+            release += self.busy_s
+        arr = release + self.delay(nb)
+        self.last_out[j] = max(self.last_out[j], arr)
+        key = (j, dst, tag, k)
+        self.arrivals[key] = arr
+        if key in self.waiting:
+            node, t_wait, nbytes = self.waiting.pop(key)
+            self.wake[node] = self.downlink(node, t_wait, arr + self.wake_s, nbytes)
+
+    def wait(self, j: int, src: int, tag: int, nb: int) -> None:
+        k = self.wait_count.get((src, j, tag), 0)
+        self.wait_count[(src, j, tag)] = k + 1
+        key = (src, j, tag, k)
+        self.status[j] = "wait"
+        if key in self.arrivals:
+            arr = self.arrivals[key]
+            self.wake[j] = self.downlink(j, self.t, arr + self.wake_s if arr > self.t else arr, nb)
+        else:
+            self.wake[j] = None
+            self.waiting[key] = (j, self.t, nb)
+
+    def step(self, j: int) -> None:
+        """Run node j's instantaneous steps until it computes, waits or ends."""
+        while True:
+            if self.idx[j] >= len(self.progs[j]):
+                self.status[j], self.end[j] = "done", self.t
+                return
+            s = self.progs[j][self.idx[j]]
+            self.idx[j] += 1
+            if s[0] == "c":
+                self.status[j], self.rem[j] = "run", s[1]
+                return
+            if s[0] == "s":
+                self.send(j, s[1], s[2], s[3])
+                continue
+            if s[0] == "w":
+                self.wait(j, s[1], s[2], s[3])
+                return
+            if s[0] == "f":
+                self.status[j], self.wake[j] = "wait", max(self.t, self.last_out[j])
+                return
+            raise ValueError(f"unknown step {s!r}")
+
+    def advance(self, oversub: float, corun: float) -> None:
+        """Move time to the next event (a compute segment's end or a wake-up) and step the nodes it frees."""
+        running = [j for j in range(self.n) if self.status[j] == "run"]
+        rate = (min(1.0, self.cores / len(running)) * (oversub if len(running) > self.cores else 1.0)
+                * (corun if len(running) > 1 else 1.0)) if running else 1.0
+        cands = [self.t + self.rem[j] / rate for j in running]
+        cands += [w for j, w in enumerate(self.wake) if self.status[j] == "wait" and w is not None]
+        if not cands:
+            raise RuntimeError("latency model deadlock: a node waits for a message nobody sends")
+        t_next = max(self.t, min(cands))
+        for j in running:
+            self.rem[j] -= (t_next - self.t) * rate
+        self.t = t_next
+        for j in range(self.n):
+            if (self.status[j] == "run" and self.rem[j] <= 1e-12) or \
+                    (self.status[j] == "wait" and self.wake[j] is not None and self.wake[j] <= self.t):
+                self.wake[j] = None
+                self.step(j)
+
+
 def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, wake_s: float = 0.0,
            oversub: float = 1.0, corun: float = 1.0, burst_bytes: float = 0.0, busy_s: float = 0.0) -> float:
     """Seconds from the leader's start to its end of one inference (overlap as the executor does it).
@@ -168,120 +283,24 @@ def replay(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay, w
     there when the node asks for it costs no wake-up. ``oversub``: the share of the cores that does
     useful work while more nodes compute than there are cores (context switches, caches). ``corun``: the
     speed of each node while more than one computes at once on the same host, on top of ``oversub``
-    (fitted; two plain forward passes at once do not slow each other on the benchmark host,
-    bench/corun_probe.py, so it stands for what the node runtime's threads add while both compute).
+    (fitted; two plain forward passes at once do not slow each other on the benchmark host, the
+    retired corun_probe in bench/ARCHIVE.md, so it stands for what the node runtime's threads add while both
+    compute).
     ``burst_bytes``: the link is a kernel shaper's token bucket on each node's egress (Linux tbf, as
-    bench/netns.py sets it up) instead of a paced interface both ways: a message leaves at once for as many
+    bench.netns sets it up) instead of a paced interface both ways: a message leaves at once for as many
     bytes as the bucket holds, the rest at ``link.bandwidth_bps``; the bucket refills at that rate up to
     ``burst_bytes``; nothing limits the receiving side (0: every byte paced at both ends, as the runtime's
     pacing and a switch port do). ``busy_s``: a message sent while the other nodes' computing fills every core
     but the sender's arrives ``busy_s`` later (the receiver's gloo I/O thread waits for a core;
-    bench/inrun_probe.py measures it inside real runs)."""
-    n = len(progs)
-    bw = link.bandwidth_bps
-    idx = [0] * n
-    status = ["new"] * n  # new (not stepped yet) | run | wait | done
-    rem = [0.0] * n
-    wake: list[float | None] = [None] * n
-    tx_free = [0.0] * n
-    last_out = [0.0] * n
-    rx_free = [-1e9] * n
-    tokens = [(float(burst_bytes), 0.0)] * n  # each sender's bucket: (level, at time)
-    arrivals: dict[tuple, float] = {}  # (src, dst, tag, k) -> arrival time
-    sent_count: dict[tuple, int] = {}
-    wait_count: dict[tuple, int] = {}
-    waiting: dict[tuple, tuple[int, float, int]] = {}  # key -> (node, time it started waiting, nbytes)
-    end = [0.0] * n
-    t = 0.0
-
-    def bucket(j: int, start: float, nbytes: int) -> float:
-        """When the last of ``nbytes``, the first of them leaving at ``start``, has left node j's tbf."""
-        level, at = tokens[j]
-        level = min(burst_bytes, level + (start - at) * bw / 8.0)
-        free = min(level, nbytes)
-        done = start + (nbytes - free) * 8.0 / bw
-        tokens[j] = (level - free, done)
-        return done
-
-    def downlink(j: int, t_wait: float, arr: float, nbytes: int) -> float:
-        done = max(t_wait, arr)
-        if bw is None or burst_bytes:
-            return done
-        avail = max(done, rx_free[j] + nbytes * 8.0 / bw)
-        rx_free[j] = avail
-        return avail
-
-    def step(j: int) -> None:
-        """Run node j's instantaneous steps until it computes, waits or ends."""
-        while True:
-            if idx[j] >= len(progs[j]):
-                status[j], end[j] = "done", t
-                return
-            s = progs[j][idx[j]]
-            idx[j] += 1
-            if s[0] == "c":
-                status[j], rem[j] = "run", s[1]
-                return
-            if s[0] == "s":
-                _, dst, tag, nb = s
-                k = sent_count.get((j, dst, tag), 0)
-                sent_count[(j, dst, tag)] = k + 1
-                if link.shaped:
-                    start = max(t, tx_free[j])
-                    tx_free[j] = bucket(j, start, nb) if burst_bytes and bw else start + link.wire_time(nb)
-                    release = tx_free[j] + link.latency_s
-                else:
-                    release = t
-                if busy_s and sum(1 for k in range(n) if k != j and status[k] == "run") + 1 >= cores:
-                    release += busy_s
-                arr = release + delay(nb)
-                last_out[j] = max(last_out[j], arr)
-                key = (j, dst, tag, k)
-                arrivals[key] = arr
-                if key in waiting:
-                    node, t_wait, nbytes = waiting.pop(key)
-                    wake[node] = downlink(node, t_wait, arr + wake_s, nbytes)
-                continue
-            if s[0] == "w":
-                _, src, tag, nb = s
-                k = wait_count.get((src, j, tag), 0)
-                wait_count[(src, j, tag)] = k + 1
-                key = (src, j, tag, k)
-                status[j] = "wait"
-                if key in arrivals:
-                    arr = arrivals[key]
-                    wake[j] = downlink(j, t, arr + wake_s if arr > t else arr, nb)
-                else:
-                    wake[j] = None
-                    waiting[key] = (j, t, nb)
-                return
-            if s[0] == "f":
-                status[j], wake[j] = "wait", max(t, last_out[j])
-                return
-            raise ValueError(f"unknown step {s!r}")
-
-    for j in range(n):
-        step(j)
+    the retired inrun_probe in bench/ARCHIVE.md measured it inside real runs)."""
+    r = _Replay(progs, link, cores, delay, wake_s, burst_bytes, busy_s)
+    for j in range(r.n):
+        r.step(j)
     for _ in range(10_000_000):
-        if all(s == "done" for s in status):
+        if all(s == "done" for s in r.status):
             break
-        running = [j for j in range(n) if status[j] == "run"]
-        rate = (min(1.0, cores / len(running)) * (oversub if len(running) > cores else 1.0)
-                * (corun if len(running) > 1 else 1.0)) if running else 1.0
-        cands = [t + rem[j] / rate for j in running]
-        cands += [w for j, w in enumerate(wake) if status[j] == "wait" and w is not None]
-        if not cands:
-            raise RuntimeError("latency model deadlock: a node waits for a message nobody sends")
-        t_next = max(t, min(cands))
-        for j in running:
-            rem[j] -= (t_next - t) * rate
-        t = t_next
-        for j in range(n):
-            if (status[j] == "run" and rem[j] <= 1e-12) or \
-                    (status[j] == "wait" and wake[j] is not None and wake[j] <= t):
-                wake[j] = None
-                step(j)
-    return end[0]
+        r.advance(oversub, corun)
+    return r.end[0]
 
 
 def no_overlap(progs: list[list[Step]], link: LinkModel, cores: int, delay: Delay) -> float:
