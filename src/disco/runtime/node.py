@@ -588,7 +588,7 @@ def run_node(d: str | Path, opts: RunOptions | None = None, rank: int | None = N
 def _report(opts: RunOptions, man: dict[str, Any], codec: Any, link: Any, lat: list[float], first: Any,
             ref: dict[str, torch.Tensor] | None, stream_s: float | None, all_stats: list[dict[str, Any]],
             data_metrics: dict[str, Any] | None) -> dict[str, Any]:
-    from .export import compare_reference
+    from .proof import run_error
 
     timed = lat[opts.warmup:] or lat
     report = {
@@ -605,7 +605,8 @@ def _report(opts: RunOptions, man: dict[str, Any], codec: Any, link: Any, lat: l
         "bytes_input_output": int(sum(s["other_bytes"] for s in all_stats)),
         "bytes_stats": int(sum(s.get("stats_bytes", 0) for s in all_stats)),
         "bytes_stats_predicted": int(man.get("stats_bytes", 0)),
-        "max_rel_err_vs_single_process": None if ref is None else compare_reference(first, ref),
+        "max_rel_err_vs_single_process": None if ref is None else run_error(first, ref, man),
+        "proof": man.get("proof"),
         "peak_rss_mb_per_node": [s["peak_rss_mb"] for s in all_stats],
         "rss_mb_stream_per_node": [s["rss_mb_stream"] for s in all_stats],
         "weight_bytes_per_node": [s["weight_bytes"] for s in all_stats],
