@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 
 from ..errors import EXIT_REFUSED, REFUSED_BUILTINS, exit_code
 from .parser import Parser
@@ -74,7 +75,8 @@ def _report(e: Exception, prefix: str, verbose: bool) -> int:
     """One line on stderr for ``e`` (the traceback with -v); returns the exit code."""
     from .. import distributed as D
 
-    log.debug("stopped", exc_info=True)
+    if verbose:  # the traceback the one-line message promises
+        traceback.print_exception(e, file=sys.stderr)
     code = EXIT_REFUSED if isinstance(e, REFUSED_BUILTINS) else exit_code(e)
     if code == EXIT_REFUSED:
         print(f"{prefix}: error: {_one_line(e)}", file=sys.stderr)

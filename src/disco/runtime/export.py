@@ -307,7 +307,7 @@ def check_model_spec(spec: Any, where: str) -> None:
     if not isinstance(kwargs, dict):
         raise ShardError(f"{where}: field 'model.kwargs' must be an object, got {type(kwargs).__name__}")
     for k, v in kwargs.items():
-        if _FILE_KEYS.search(k):
+        if _FILE_KEYS.search(k) and v is not None:  # weights=None, weights_backbone=None: no file
             raise ShardError(f"{where}: field 'model.kwargs.{k}' is refused: a node's weights are its shard only "
                              "(a manifest names no file)")
         scalars = (v,) if not isinstance(v, (list, tuple)) else tuple(v)
