@@ -8,8 +8,10 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from ..errors import RefusedError
 from .errors import UnsupportedOpError
 from .registry import decomposition, module_rule, uncovered_base
+from .tracesite import trace_site
 
 
 class DiscoTracer(fx.Tracer):
@@ -39,8 +41,11 @@ def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     except UnsupportedOpError:  # a decomposition refusing a use it does not cover: already clear
         raise
     except Exception as e:  # fx raises TraceError and friends for data-dependent control flow
-        raise ValueError(
-            f"cannot capture {type(model).__name__} as a graph with torch.fx: {e}. "
+        site = trace_site(e.__traceback__)
+        at = f" at {site}" if site else ""
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RefusedError(
+            f"cannot capture {type(model).__name__} as a graph with torch.fx{at} ({why}). "
             "Data-dependent control flow must live inside a leaf module with its own rule."
         ) from e
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
