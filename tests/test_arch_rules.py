@@ -103,6 +103,24 @@ MODELS = {
     "poolformer_groups6": (lambda: PoolFormerLike(groups=6), (2, 3, 6, 6)),
 }
 
+try:  # timm's own blocks, tiny configurations (no download: random weights)
+    from timm.layers.norm import GroupNorm1
+    from timm.models.metaformer import MetaFormer, Pooling
+    from timm.models.mlp_mixer import MlpMixer
+    from timm.models.swin_transformer import SwinTransformer
+
+    MODELS.update({
+        "timm_swin": (lambda: SwinTransformer(img_size=32, patch_size=4, window_size=4, embed_dim=36, depths=(2, 2),
+                                              num_heads=(3, 3), num_classes=5), (2, 3, 32, 32)),
+        "timm_mixer": (lambda: MlpMixer(num_classes=5, img_size=32, patch_size=8, num_blocks=2, embed_dim=12),
+                       (2, 3, 32, 32)),
+        "timm_poolformer": (lambda: MetaFormer(depths=(1, 1), dims=(12, 24), token_mixers=Pooling,
+                                               mlp_act=nn.GELU, use_mlp_head=False, norm_layers=GroupNorm1,
+                                               num_classes=5), (2, 3, 32, 32)),
+    })
+except ImportError:  # pragma: no cover
+    pass
+
 
 def _model(name: str, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(seed)
@@ -110,8 +128,9 @@ def _model(name: str, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     model = randomize_bn(make())
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.LayerNorm, nn.GroupNorm)):
+            if isinstance(m, (nn.LayerNorm, nn.GroupNorm)) and m.weight is not None:
                 m.weight.uniform_(0.5, 1.5)
+            if isinstance(m, (nn.LayerNorm, nn.GroupNorm)) and m.bias is not None:
                 m.bias.normal_(0, 0.1)
     return model.eval(), torch.randn(shape)
 
