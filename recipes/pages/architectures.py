@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .md import md_table
 
-COLUMNS = ["model", "source", "partitions", "dense MB", "r", "max rel. error", "bytes sent = predicted", "result"]
+COLUMNS = ["model", "source", "input", "partitions", "dense MB", "r", "max rel. error", "bytes sent = predicted",
+           "result"]
 HOW = ("How an architecture is split, or refused: every op of the traced graph needs a rule (`disco.graph`); a "
        "module type's rule covers a subclass only when the subclass keeps the forward, so a subclass that "
        "computes something else (timm's `StdConv2d` standardises its weights) is refused by name instead of "
@@ -25,12 +26,15 @@ def _row(e: dict) -> list[object]:
     if not e.get("partitions", False) or not e.get("exports", True):
         why = e.get("refusal", "").replace("|", "\\|")
         dense = f"{e['dense_bytes'] / 1e6:.1f}" if e.get("partitions") else ""
-        return [e["model"], e["source"], "yes" if e.get("partitions") else "no", dense, "", "", "",
+        return [e["model"], e["source"], e["input_shape"], "yes" if e.get("partitions") else "no", dense, "", "", "",
                 f"refused: `{why}`"]
     err = e.get("max_rel_err")
     same = e.get("bytes_sent_total") == e.get("bytes_predicted") and e.get("bytes_sent_total") is not None
     res = "ok" if e.get("ok") else f"FAILED: `{e.get('run_error', 'error above 1e-4 or bytes differ')}`"
-    return [e["model"], e["source"], "yes", f"{e['dense_bytes'] / 1e6:.1f}", f"{e.get('ratio', float('nan')):.3f}",
+    if e.get("proof", "output") != "output":
+        res += f" (constant output: proved on {e['proof']})"
+    return [e["model"], e["source"], e["input_shape"], "yes", f"{e['dense_bytes'] / 1e6:.1f}",
+            f"{e.get('ratio', float('nan')):.3f}",
             "n/a" if err is None else f"{err:.1e}", f"{'yes' if same else 'no'} ({e.get('bytes_sent_total')})", res]
 
 

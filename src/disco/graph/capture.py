@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import inspect
-import sys
-import traceback
-from pathlib import Path
 
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from ..errors import RefusedError
 from .errors import UnsupportedOpError
 from .registry import decomposition, module_rule, uncovered_base
+from .tracesite import trace_site
 
 
 class DiscoTracer(fx.Tracer):
@@ -42,8 +41,11 @@ def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     except UnsupportedOpError:  # a decomposition refusing a use it does not cover: already clear
         raise
     except Exception as e:  # fx raises TraceError and friends for data-dependent control flow
-        raise ValueError(
-            f"cannot capture {type(model).__name__} as a graph with torch.fx{_where(e)}: {e}. "
+        site = trace_site(e.__traceback__)
+        at = f" at {site}" if site else ""
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RefusedError(
+            f"cannot capture {type(model).__name__} as a graph with torch.fx{at} ({why}). "
             "Data-dependent control flow must live inside a leaf module with its own rule."
         ) from e
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -54,17 +56,6 @@ def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
         ShapeProp(gm).propagate(example)
     model.train(was_training)
     return gm
-
-
-def _where(e: BaseException) -> str:
-    """`` at FILE:LINE (`code`)``: the model's own line that the tracer stopped at (the innermost frame outside
-    torch and disco), or "" when there is none."""
-    skip = tuple(str(Path(m.__file__).parent) for m in (torch, sys.modules["disco"]))
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f" at {f.filename}:{f.lineno}" + (f" (`{f.line.strip()}`)" if f.line else "")
 
 
 def _share_attr_owners(gm: fx.GraphModule, model: nn.Module) -> None:

@@ -6,13 +6,17 @@ travels inside checkpoints so that a checkpoint can always rebuild its architect
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..errors import RefusedError
 from .registry import _REGISTRY, register_model, registered_input_shape
 
 log = logging.getLogger(__name__)
@@ -30,30 +34,33 @@ def build_model(name: str, weights: str | Path | None = None, new_head: bool = F
     ``.safetensors`` file): there is no download. With ``new_head`` the classifier head of the
     file may have another class count than the model (``num_classes``): it is left newly initialised.
     """
-    if name.startswith("timm/"):  # timm's model where torchvision has one of the same name (efficientnet_b0)
-        model = _timm_model(name.removeprefix("timm/"), kwargs)
-    elif name in _REGISTRY:
-        model = _REGISTRY[name](**kwargs)
-    else:
-        import torchvision
-
-        if name in torchvision.models.list_models():
-            model = torchvision.models.get_model(name, weights=None, **_no_download(name, kwargs))
+    with contextlib.redirect_stdout(sys.stderr):  # a library's print never mixes with a command's JSON
+        if name.startswith("timm/"):  # timm's model where torchvision has one of the same name (efficientnet_b0)
+            model = _timm_model(name.removeprefix("timm/"), kwargs)
+        elif name in _REGISTRY:
+            model = _REGISTRY[name](**kwargs)
         else:
-            model = _timm_model(name, kwargs)
+            model = _torchvision_model(name, kwargs)
     if weights is not None:
         load_weights(model, weights, new_head=new_head)
     return model.eval()
 
 
-def _no_download(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """torchvision builders with a backbone default to ImageNet backbone weights (a download): none unless asked."""
-    import inspect
-
+def _torchvision_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """A torchvision model with random weights: no pretrained weights and no pretrained backbone (the
+    segmentation and detection builders default ``weights_backbone`` to ImageNet's, a download)."""
     import torchvision
 
-    params = inspect.signature(torchvision.models.get_model_builder(name)).parameters
-    return {"weights_backbone": None, **kwargs} if "weights_backbone" in params else kwargs
+    if name not in torchvision.models.list_models():
+        return _timm_model(name, kwargs)
+    offline = {"weights": None}
+    if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
+        offline["weights_backbone"] = None
+    for k in offline:
+        if kwargs.get(k) is not None:
+            raise RefusedError(f"{name}: {k}={kwargs[k]!r} would download weights; models are built with random "
+                               "weights (load a local file with --weights)")
+    return torchvision.models.get_model(name, **{**kwargs, **offline})
 
 
 def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
@@ -64,7 +71,10 @@ def _timm_model(name: str, kwargs: dict[str, Any]) -> nn.Module:
     if timm is None or not timm.is_model(name):
         raise ValueError(f"unknown model {name!r}: not registered in disco ({', '.join(list_models())}), "
                          "not a torchvision model and not a timm model")
-    return timm.create_model(name, pretrained=False, **kwargs)  # never downloads
+    if kwargs.get("pretrained"):
+        raise RefusedError(f"{name}: pretrained=True would download weights; models are built with random weights "
+                           "(load a local file with --weights)")
+    return timm.create_model(name, **{**kwargs, "pretrained": False})  # never downloads
 
 
 def classifier_head(model: nn.Module) -> str | None:

@@ -41,6 +41,7 @@ from ..errors import RefusedError, ShardError
 from ..graph import Partition, partition
 from ..schedule import RankSchedule, build
 from .plan import RankPlan
+from .proof import SPREAD_THRESHOLD, constant_output_proof, output_leaves, proof_summary, second_probe, spread
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     if probe is None:
         g = torch.Generator().manual_seed(0)
         probe = torch.randn(part.input_shape, generator=g)
-    ref = prove_split(model, part, kept, probe)  # before anything is written
+    ref, proof = prove(model, part, kept, probe)  # before anything is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gm = part.gm
@@ -145,8 +146,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
         "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "stats_bytes": rep.stats_bytes,
         "shards": shards, "schedules": schedules, "reference_sha256": file_sha256(out / "reference.safetensors"),
-        "info": info or {},
-        "task": (info or {}).get("task"),
+        "info": info or {}, "task": (info or {}).get("task"), "proof": proof,
     }
     fields = field_digests(manifest)
     manifest["manifest_hash"] = manifest_hash(fields)
@@ -198,19 +198,31 @@ def _masked(model: nn.Module, part: Partition, kept: np.ndarray) -> Iterator[nn.
 
 def prove_split(model: nn.Module, part: Partition, kept: np.ndarray, probe: Tensor,
                 tol: float = PROOF_TOLERANCE) -> dict[str, Tensor]:
+    """The reference outputs of :func:`prove` (the split proved, else :class:`ExportProofError`)."""
+    return prove(model, part, kept, probe, tol)[0]
+
+
+def prove(model: nn.Module, part: Partition, kept: np.ndarray, probe: Tensor,
+          tol: float = PROOF_TOLERANCE) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Run the N node plans (threads of this process) on ``probe`` and compare their gathered output with
     the model's own forward (masked by ``kept``, never our graph of it). Returns the reference outputs
-    (:func:`reference_outputs`); raises :class:`ExportProofError` naming the first op whose output parts
-    from the model's when the relative error exceeds ``tol``."""
+    (:func:`reference_outputs`) and what the proof compared (:func:`~disco.runtime.proof.proof_summary`);
+    raises :class:`ExportProofError` naming the first op whose output parts from the model's when the
+    relative error exceeds ``tol``. Where the output does not depend on the input (a zero head), the last
+    non-constant tensors are compared instead (:mod:`disco.runtime.proof`)."""
     from .local import simulate
 
     with _masked(model, part, kept) as m, torch.no_grad():
         ref = reference_outputs(m(probe))
+        other = output_leaves(m(second_probe(probe)))
+        out_spread = max((spread(a, b) for a, b in zip(ref.values(), other, strict=True)), default=0.0)
         out, _ = simulate(part, kept, probe, timeout=600.0)
-        err = compare_reference(out, ref)
+        err = _output_error(out, ref, out_spread)
         if err <= tol:
+            if out_spread < SPREAD_THRESHOLD:
+                return ref, constant_output_proof(m, part, kept, probe, out_spread, tol)
             log.info("split proved against the model's own forward: max rel. error %.2e", err)
-            return ref
+            return ref, proof_summary(out_spread, None, err)
         graph_err = compare_reference(part.gm(probe), ref)
         if graph_err > tol:
             where = (f"the captured graph itself differs from the model's forward (rel. error {graph_err:.2e}): "
@@ -219,6 +231,16 @@ def prove_split(model: nn.Module, part: Partition, kept: np.ndarray, probe: Tens
             where = _first_divergence(part, kept, probe, tol)
     raise ExportProofError(f"refusing to export: the split differs from the model's own forward on the probe "
                            f"input (max rel. error {err:.2e} > {tol:g}); {where}")
+
+
+def _output_error(out: Any, ref: dict[str, Tensor], out_spread: float) -> float:
+    """The output's relative error; against a constant output (which proves nothing by itself) relative to
+    max(|ref|, 1), so that an all-zero reference is no 0/0 (a constant output that differs still fails)."""
+    if out_spread >= SPREAD_THRESHOLD:
+        return compare_reference(out, ref)
+    floor = {k: v.abs().max().clamp_min(1.0) for k, v in ref.items()}
+    got = reference_outputs(out)
+    return max(float((got[k] - ref[k]).abs().max() / floor[k]) for k in ref)
 
 
 def _first_divergence(part: Partition, kept: np.ndarray, probe: Tensor, tol: float) -> str:

@@ -72,7 +72,7 @@ def build_report(opts: RunOptions, man: dict[str, Any], codec: Any, link: Any, l
                  ref: dict[str, Any] | None, stream_s: float | None, all_stats: list[dict[str, Any]],
                  extra: dict[str, Any]) -> dict[str, Any]:
     """The leader's report (``disco run --json``) from every node's :func:`node_stats`."""
-    from .export import compare_reference
+    from .proof import run_error
 
     timed_s = lat[opts.warmup:] or lat
 
@@ -91,7 +91,8 @@ def build_report(opts: RunOptions, man: dict[str, Any], codec: Any, link: Any, l
         "bytes_predicted": int(man["bytes_predicted"] // 4 * codec.bytes_per_value),
         "bytes_codec_overhead": total("overhead_bytes"), "bytes_input_output": total("other_bytes"),
         "bytes_stats": total("stats_bytes"), "bytes_stats_predicted": int(man.get("stats_bytes", 0)),
-        "max_rel_err_vs_single_process": None if ref is None else compare_reference(first, ref),
+        "max_rel_err_vs_single_process": None if ref is None else run_error(first, ref, man),
+        "proof": man.get("proof"),
         "peak_rss_mb_per_node": [s["peak_rss_mb"] for s in all_stats],
         "torch_in_node": [s["torch_in_node"] for s in all_stats],
         "rss_mb_stream_per_node": [s["rss_mb_stream"] for s in all_stats],

@@ -12,6 +12,7 @@ from ..errors import unsupported
 from ..registry import register_function_rule, register_module_rule
 from .base import arg
 from .mixing import Mixing, WeightView
+from .tokens import TOKEN_MIXING, mixes_tokens
 
 if TYPE_CHECKING:
     from ..partition import Builder
@@ -19,6 +20,13 @@ if TYPE_CHECKING:
 
 class LinearRule(Mixing):
     """Linear over the last dim (B x F features, or B x T x D tokens)."""
+
+    def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
+        if mixes_tokens(b, node):  # over a non-channel dim (token mixing): channel-local
+            TOKEN_MIXING.infer(b, node, module)
+            b.use_rule(node, TOKEN_MIXING)
+            return
+        super().infer(b, node, module)
 
     def structure(self, m: nn.Module) -> tuple[int, int, int]:
         o, i = m.weight.shape

@@ -57,8 +57,9 @@ class PadRule(Local):
         pad = module.padding if module is not None else arg(node, 1, "pad", ())
         if isinstance(pad, fx.Node):
             b.unsupported(node, "pads by amounts computed in the graph")
-        n = len(pad) // 2 if isinstance(pad, (tuple, list)) else 1
-        if b.cdim[x] >= len(b.shape(x)) - n:
+        pad = tuple(pad) if isinstance(pad, (tuple, list)) else (pad, pad)
+        k = len(b.shape(x)) - 1 - b.cdim[x]  # pairs run from the last dim backwards: pair k pads the channels
+        if 2 * k + 1 < len(pad) and (pad[2 * k], pad[2 * k + 1]) != (0, 0):
             b.unsupported(node, "pads the channel dim")
         super().infer(b, node, module)
 

@@ -15,6 +15,7 @@ from torch import fx, nn
 
 from ..registry import register_function_rule, register_method_rule, register_module_rule
 from .base import Local, Rule, Static, arg, tensor_args
+from .windows import kept_channel_dim
 
 if TYPE_CHECKING:
     from ..partition import Builder
@@ -96,6 +97,10 @@ class Flatten(Rule):
                 b.unsupported(node, f"reshapes {s} -> {t}, whose channels span dims {c}..{c + k - 1}; only "
                                     "merging those dims back into one is supported")
             b.set_gather(node, x, np.arange(n_ch), c)
+            return
+        kept = kept_channel_dim(s, t, c)
+        if kept is not None:  # the channel dim whole, the dims around it reshaped among themselves (windows)
+            b.set_view(node, [(x, np.arange(n_ch))], kept)
             return
         k = len(t) - len(s) + 1
         if k > 1 and t[:c] == s[:c] and t[c + k:] == s[c + 1:] and math.prod(t[c:c + k]) == s[c]:
