@@ -211,7 +211,8 @@ class Prepared:
         return self.kept[r]
 
     def export_dir(self, r: float) -> Path:
-        from disco.runtime.export import export, export_checkpoint
+        from disco.runtime.export import export
+        from disco.runtime.formats import export_checkpoint
 
         if r in self.dirs:
             return self.dirs[r]

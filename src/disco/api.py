@@ -246,7 +246,7 @@ def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | d
     input whose single-process output the nodes check against (default: a seeded random input). The model is
     put in eval mode (the nodes run inference). ``fmt="onnx"``: one folder per rank of ONNX graphs instead.
     """
-    from .runtime.export import export_checkpoint, exporter
+    from .runtime.formats import export_checkpoint, exporter
 
     if isinstance(model, str | Path):
         if arch is not None or probe is not None:
@@ -271,7 +271,7 @@ def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
 
     from .errors import RefusedError
     from .models import build_model
-    from .runtime.export import exporter
+    from .runtime.formats import exporter
     from .sparsify import magnitude_scores
     from .sparsify import select_links as _select
     from .validate import check_input_shape, check_nodes_fit, default_input_shape

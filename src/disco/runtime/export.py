@@ -344,31 +344,6 @@ def check_model_spec(spec: Any, where: str) -> None:
                                  "numbers, flags or short names, never paths")
 
 
-def exporter(fmt: str) -> Any:
-    """The export function of format ``fmt``: "torch" (:func:`export`) or "onnx" (one folder per rank)."""
-    if fmt == "onnx":
-        from .onnx_export import export_onnx
-
-        return export_onnx
-    if fmt != "torch":
-        raise ValueError(f"unknown export format {fmt!r} (torch or onnx)")
-    return export
-
-
-def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32",
-                      fmt: str = "torch") -> dict[str, Any]:
-    """Export a sparsified DISCO checkpoint (one with ``disco`` metadata: nodes, kept links)."""
-    from ..loading import load
-
-    loaded = load(ckpt_path)  # checks format, checksum and the partition fingerprint
-    if loaded.partition is None:
-        raise ShardError(f"{ckpt_path} is a dense checkpoint (no DISCO nodes/kept links); sparsify it first, "
-                         "or export a dense split with export(model, partition, None, ...)")
-    return exporter(fmt)(loaded.model, loaded.partition, loaded.model.kept, out_dir, loaded.ckpt.model, codec=codec,
-                         info={"checkpoint": str(ckpt_path), "metrics": loaded.ckpt.info.get("metrics", {}),
-                               "task": loaded.ckpt.task})
-
-
 def read_manifest(d: str | Path) -> dict[str, Any]:
     """Read ``d/manifest.json`` and refuse it (:class:`ShardError`, naming the field) when a field is missing,
     of the wrong kind, or names a file outside ``d`` (the hash is checked against a shard by :func:`load_node`)."""
