@@ -125,3 +125,19 @@ def test_wrong_token_and_size_and_self_test(tmp_path: Path, export: Path) -> Non
     codes, errs, _ = run_nodes(wrong)
     assert codes == [3, 3]
     assert "self-test" in _one_line(errs[0]) and "rank 0" in _one_line(errs[1])
+
+
+def test_disco_run_dispatches_onnx_export(export: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "disco.cli", "run", str(export), "--nodes", "2", "--json",
+                          "--iters", "2", "--warmup", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["engine"] == "onnxruntime" and rep["torch_in_node"] == [False, False]  # not blocked: never imported
+    assert rep["bytes_sent_total"] == rep["bytes_predicted"] and rep["max_rel_err_vs_single_process"] <= 1e-6
+
+
+def test_engine_imports_no_torch_nor_disco() -> None:
+    code = ("import sys, disco_edge.node, disco_edge.engine, disco_edge.transport, disco_edge.bundle; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'disco')]; assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

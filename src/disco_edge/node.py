@@ -75,6 +75,8 @@ def check_args(a: argparse.Namespace) -> None:
         raise Refused(f"--rank {a.rank} --nodes {a.nodes}: need N >= 2 and 0 <= rank < N")
     if (a.leader is None) == (a.peers is None):
         raise Refused("give either --leader HOST:PORT (rank 0's address) or --peers HOST:PORT,... (one per rank)")
+    if a.input is not None and not a.input.endswith(".npy"):
+        raise Refused(f"--input {a.input}: the onnxruntime engine reads a .npy file (numpy.save)")
     if a.threads != 1:
         raise Refused(f"--threads {a.threads}: the onnxruntime engine computes on one thread")
     if a.iters < 1 or a.warmup < 0 or not a.timeout > 0 or not a.startup_timeout > 0:
