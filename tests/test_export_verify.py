@@ -63,6 +63,7 @@ EDITS = {
     "model_hash": lambda m: m.update(model_hash="f" * 32),
     "manifest_hash": lambda m: m.update(manifest_hash="0" * 32),
     "reference_sha256": lambda m: m.update(reference_sha256="0" * 64),
+    "schedules": lambda m: m["schedules"][1].update(sha256="0" * 64),
 }
 
 
@@ -113,3 +114,15 @@ def test_edited_reference_refused_at_the_leader(exported: Path, tmp_path: Path) 
     (d / "reference.safetensors").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="'reference_sha256'"):
         _load_input(None, read_manifest(d), d)
+
+
+def test_edited_schedule_is_refused(exported: Path, tmp_path: Path) -> None:
+    """A schedule file edited after export (its step list reordered) is refused by its sha256; one whose
+    manifest entry is updated consistently is refused as not the partition's schedule."""
+    d = _copy(exported, tmp_path / "e", lambda m: None)
+    sch = json.loads((d / "node1.schedule.json").read_text())
+    assert sch["format"] == "disco-schedule/1" and sch["rank"] == 1
+    sch["steps"] = sch["steps"][1:] + sch["steps"][:1]
+    (d / "node1.schedule.json").write_text(json.dumps(sch))
+    with pytest.raises(ShardError, match="sha256"):
+        load_node(d, 1, 2)

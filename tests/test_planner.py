@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from disco import planner
+from disco import planner, schedule
 from disco.cli import main
 from disco.cost import estimate
 from disco.graph import partition
@@ -29,7 +29,7 @@ def test_programs_send_what_the_runtime_sends(name: str, n: int, shares, codec: 
     _, trs = simulate(part, kept, x, codec=codec, timeout=20)
     sends = [[s for s in p if s[0] == "s"] for p in progs]
     assert [len(s) for s in sends] == [t.messages for t in trs]  # every message, per node
-    link = [sum(s[3] for s in p if s[2] >= planner.TAG_LINKS and s[2] < planner.TAG_STATS) for p in sends]
+    link = [sum(s[3] for s in p if s[2] >= schedule.TAG_LINKS and s[2] < schedule.TAG_STATS) for p in sends]
     assert link == [t.payload_bytes + t.overhead_bytes for t in trs]  # link bytes (int8 scales included)
     if codec == "fp32":
         assert sum(link) == estimate(part, kept).bytes

@@ -237,41 +237,40 @@ def _arch_spec(arch: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | dict[str, Any] | None = None,
-           codec: str = "fp32", probe: Tensor | None = None) -> dict[str, Any]:
+           codec: str = "fp32", probe: Tensor | None = None, fmt: str = "torch") -> dict[str, Any]:
     """Write one weight shard per node and a manifest into ``out_dir``; returns the manifest.
 
     ``model`` is a :class:`DiscoModel` (its kept links decide which weight columns each node holds; ``arch``
     names the architecture the nodes rebuild, e.g. ``"resnet18"``) or the path of a DISCO checkpoint (which
     records its architecture). ``codec`` is the default wire codec recorded in the manifest; ``probe`` the
     input whose single-process output the nodes check against (default: a seeded random input). The model is
-    put in eval mode (the nodes run inference).
+    put in eval mode (the nodes run inference). ``fmt="onnx"``: one folder per rank of ONNX graphs instead.
     """
-    from .runtime.export import export as _export
-    from .runtime.export import export_checkpoint
+    from .runtime.export import export_checkpoint, exporter
 
     if isinstance(model, str | Path):
         if arch is not None or probe is not None:
             raise ValueError("a checkpoint brings its own architecture and probe: drop arch= and probe=")
-        return export_checkpoint(model, out_dir, codec=codec)
+        return export_checkpoint(model, out_dir, codec=codec, fmt=fmt)
     if not isinstance(model, DiscoModel):
         raise TypeError(f"export takes a DiscoModel or a checkpoint path, got {type(model).__name__}")
     model.eval()  # the nodes run inference: the reference output must not use batch statistics
-    return _export(model, model.partition, model.kept, out_dir, _arch_spec(arch), codec=codec, probe=probe)
+    return exporter(fmt)(model, model.partition, model.kept, out_dir, _arch_spec(arch), codec=codec, probe=probe)
 
 
 def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
                       input_shape: tuple[int, ...] | None = None, shares: tuple[float, ...] | None = None,
                       budget: str = "global", codec: str = "fp32", weights: str | None = None, seed: int = 0,
-                      latency_weight: float = 0.0) -> dict[str, Any]:
+                      latency_weight: float = 0.0, fmt: str = "torch") -> dict[str, Any]:
     """The pipeline name -> partition -> select -> export for a bare architecture (random init, or the state dict
     ``weights``) with links chosen by weight magnitude at ``ratio``, as ``disco cost MODEL`` costs it: for latency
     and memory, not for accuracy. ``latency_weight``: bytes charged per message kept (the global budget's
-    ``--latency-weight``). Returns the manifest."""
+    ``--latency-weight``); ``fmt``: "torch" or "onnx" (:func:`export`). Returns the manifest."""
     import torch
 
     from .errors import RefusedError
     from .models import build_model
-    from .runtime.export import export as _export
+    from .runtime.export import exporter
     from .sparsify import magnitude_scores
     from .sparsify import select_links as _select
     from .validate import check_input_shape, check_nodes_fit, default_input_shape
@@ -291,7 +290,7 @@ def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
             if ratio < 1 else part.all_links())
     dm.set_kept(kept)
     lw = f", latency weight {latency_weight:g} bytes per message" if latency_weight else ""
-    return _export(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
+    return exporter(fmt)(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
                    info={"source": f"model name {name}, {'given weights' if weights else 'random init'}, "
                                    f"magnitude links at r={ratio:g} ({budget} budget{lw})"})
 

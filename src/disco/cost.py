@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from .graph import REPLICATED, Partition
 from .graph.capture import shape_of
 from .graph.liveness import liveness
 from .graph.ops import OpCost
+from .schedule import KINDS, RankSchedule, build, link_senders
 
 
 @dataclass
@@ -75,22 +77,23 @@ class CostReport:
         return d
 
 
-def link_senders(part: Partition) -> np.ndarray:
-    """[n_links]: the node that owns (and sends) each link's channel."""
-    lk = part.links
-    out = np.zeros(len(lk), dtype=np.int64)
-    for t, name in enumerate(part.link_tensors):
-        sel = lk.tensor == t
-        out[sel] = part.owner[name][lk.channel[sel]]
-    return out
-
-
-def bytes_per_node(part: Partition, kept: np.ndarray, bytes_per_value: int = 4) -> tuple[list[int], list[int]]:
-    """Link bytes each node sends and receives with links ``kept``."""
-    v = part.links.values * kept
-    sent = np.bincount(link_senders(part), weights=v, minlength=part.nodes) * bytes_per_value
-    recv = np.bincount(part.links.receiver, weights=v, minlength=part.nodes) * bytes_per_value
-    return sent.astype(np.int64).tolist(), recv.astype(np.int64).tolist()
+def message_totals(schedules: list[RankSchedule], bytes_per_value: int = 4) -> dict[str, Any]:
+    """Bytes and message counts of one inference, summed over the ranks' schedules: link bytes per sending
+    and receiving rank at ``bytes_per_value``, input and output bytes (same), stats bytes (fp32)."""
+    n = len(schedules)
+    sent, received = [0] * n, [0] * n
+    tot = {k: 0 for k in KINDS}
+    messages = 0
+    for s in schedules:
+        for m in s.messages("send"):
+            messages += 1
+            tot[m.kind] += m.values
+            if m.kind == "links":
+                sent[s.rank] += m.values * bytes_per_value
+                received[m.peer] += m.values * bytes_per_value
+    return {"bytes": tot["links"] * bytes_per_value, "input_bytes": tot["input"] * bytes_per_value,
+            "output_bytes": tot["output"] * bytes_per_value, "stats_bytes": tot["stats"] * 4,
+            "messages": messages, "sent": sent, "received": received}
 
 
 def _layer_costs(part: Partition, kept: np.ndarray) -> list[OpCost]:
@@ -163,47 +166,26 @@ def estimate(part: Partition, kept: np.ndarray | None = None, bytes_per_value: i
             flops_dense=c.flops_dense, flops=int(c.flops.sum()),
         ))
     flops_dense = sum(r.flops_dense for r in layer_rows)
-    stats_values = stats_messages = 0
     for node in gm.graph.nodes:
         rule = part.rules.get(node.name)
         c = rule.cost(part, node) if rule is not None else None
         if c is not None:
             flops += c.flops
             flops_dense += c.flops_dense
-            stats_values += c.stats_values
-            stats_messages += n * (n - 1) if c.stats_values else 0  # every node to every other
 
-    # ---- bytes
-    input_bytes = sum(math.prod(shape_of(nd)) for nd in gm.graph.nodes
-                      if nd.op == "placeholder" and shape_of(nd) is not None) * (n - 1)
-    n_inputs = sum(1 for nd in gm.graph.nodes if nd.op == "placeholder" and shape_of(nd) is not None)
-    messages = n_inputs * (n - 1) + len(np.unique(link_exchanges(part)[kept])) + stats_messages
-    output_bytes = 0
-    for nd in gm.graph.nodes:
-        if nd.op == "output":
-            for a in nd.all_input_nodes:
-                own = part.owner.get(a.name)
-                if own is not None:
-                    output_bytes += int(((own != 0) & (own != REPLICATED)).sum()) * (
-                        math.prod(shape_of(a)) // len(own))
-                    if not (own == REPLICATED).all():
-                        messages += len(np.unique(own[own > 0]))  # every other owner sends its part
-
-    # ---- memory
+    msg = message_totals(build(part, kept), bytes_per_value)  # bytes and messages: the schedule's sum
     peak = _peak_memory(part, kept, bytes_per_value)
-    sent, received = bytes_per_node(part, kept, bytes_per_value)
 
     return CostReport(
         nodes=n, input_shape=list(part.input_shape), ratio=part.ratio(kept),
-        dense_bytes=part.dense_values() * bytes_per_value, bytes=part.kept_values(kept) * bytes_per_value,
-        input_bytes=input_bytes * bytes_per_value, output_bytes=output_bytes * bytes_per_value,
-        stats_bytes=stats_values * 4,
+        dense_bytes=part.dense_values() * bytes_per_value, bytes=msg["bytes"],
+        input_bytes=msg["input_bytes"], output_bytes=msg["output_bytes"], stats_bytes=msg["stats_bytes"],
         flops_dense=int(flops_dense), flops_total=int(flops.sum()), flops_per_node=flops.tolist(),
         params_dense=sum(p.numel() for p in part.gm.parameters()),
         params_per_node=params_per_node(part, kept, layer_costs), peak_activation_bytes_per_node=peak,
-        bytes_per_value=bytes_per_value, layers=layer_rows, bytes_sent_per_node=sent,
-        bytes_received_per_node=received, shares=list(part.shares) if part.shares else None,
-        messages_per_inference=int(messages),
+        bytes_per_value=bytes_per_value, layers=layer_rows, bytes_sent_per_node=msg["sent"],
+        bytes_received_per_node=msg["received"], shares=list(part.shares) if part.shares else None,
+        messages_per_inference=msg["messages"],
     )
 
 
@@ -212,10 +194,7 @@ def link_exchanges(part: Partition) -> np.ndarray:
     L = part.links
     if not len(L):
         return np.zeros(0, dtype=np.int64)
-    sender = np.zeros(len(L), dtype=np.int64)
-    for t, name in enumerate(part.link_tensors):
-        sel = L.tensor == t
-        sender[sel] = part.owner[name][L.channel[sel]]
+    sender = link_senders(part)
     key = (L.tensor.astype(np.int64) * part.nodes + sender) * part.nodes + L.receiver
     return np.unique(key, return_inverse=True)[1].astype(np.int64).reshape(-1)
 

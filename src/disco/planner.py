@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import schedule
 from .checkpoint import is_checkpoint
 from .graph import REPLICATED, Partition
 from .graph.capture import shape_of
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
-TAG_INPUT, TAG_OUTPUT, TAG_LINKS, TAG_STATS = 1, 2, 16, 1 << 20
 
 
 @dataclass
@@ -113,115 +113,58 @@ FEATURES = ("flops", "ops", "msgs", "bytes")  # what a compute segment is made o
 CODEC_FEATURES = ("encoded", "decoded")  # ... and the link values it encodes and decodes (priced per codec)
 
 
+def _mix_flops(ly: Any, mask: np.ndarray, j: int, half: str) -> tuple[int, int]:
+    """(FLOPs, ops) of one half of mixing layer ``ly`` on node ``j`` (``mask``: its connection mask)."""
+    rows = ly.out_owner == j
+    if not rows.any():
+        return 0, 0
+    remote = ly.col_link[j] >= 0
+    cols = remote if half == "remote" else ~remote
+    return int(mask[rows][:, cols].sum()) * 2 * ly.macs_per_connection, 1
+
+
 def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]:
-    """Per node: its program with compute segments as feature vectors [FLOPs, ops, messages sent,
-    bytes sent, link values encoded, link values decoded] (see :func:`price`), sends and waits,
-    predicted from the cost model alone."""
+    """Per node: its schedule (:func:`disco.schedule.build`) as a program with compute segments as
+    feature vectors [FLOPs, ops, messages sent, bytes sent, link values encoded, link values decoded]
+    (see :func:`price`), sends ``("s", dst, tag, bytes)`` and waits ``("w", src, tag, bytes)``."""
     n = part.nodes
     kept = np.asarray(kept, dtype=bool)
-    L = part.links
-    gm = part.gm
-    nodes = list(gm.graph.nodes)
-    by_name = {nd.name: nd for nd in nodes}
+    by_name = {nd.name: nd for nd in part.gm.graph.nodes}
     layer_of = {ly.node: ly for ly in part.layers}
-    t_index = {name: k for k, name in enumerate(part.link_tensors)}
-    senders = np.zeros(len(L), dtype=np.int64)
-    for t, name in enumerate(part.link_tensors):
-        sel = L.tensor == t
-        senders[sel] = part.owner[name][L.channel[sel]]
-    msgs: dict[tuple[int, int, int], list[int]] = {}  # (tensor, src, dst) -> [values, channels]
-    for i in np.nonzero(kept)[0].tolist():
-        m = msgs.setdefault((int(L.tensor[i]), int(senders[i]), int(L.receiver[i])), [0, 0])
-        m[0] += int(L.values[i])
-        m[1] += 1
-    by_tensor: dict[int, list] = {}
-    for (t, s, r), vc in sorted(msgs.items()):
-        by_tensor.setdefault(t, []).append((s, r, vc))
+    masks = {ly.node: ly.connection_mask(kept) for ly in part.layers}
+    op_flops = {name: _op_flops(part, nd, n) for name, nd in by_name.items()}
     progs: list[list[tuple]] = [[] for _ in range(n)]
-    waited: list[set] = [set() for _ in range(n)]
-    comp = np.zeros((n, len(FEATURES) + len(CODEC_FEATURES)))
-
-    def flush(j: int) -> None:
-        if comp[j].any():
-            progs[j].append(("c", comp[j].copy()))
-            comp[j] = 0.0
-
-    def send(j: int, dst: int, tag: int, nbytes: int, values: int = 0) -> None:
-        comp[j, 2] += 1
-        comp[j, 3] += nbytes
-        comp[j, 4] += values  # encoded before it leaves (link messages only: the others travel as fp32)
-        flush(j)
-        progs[j].append(("s", dst, tag, nbytes))
-
-    def wait(j: int, src: int, tag: int, nbytes: int, values: int = 0) -> None:
-        flush(j)
-        progs[j].append(("w", src, tag, nbytes))
-        comp[j, 5] += values  # decoded once it has arrived: part of the next compute segment
-
-    in_values = sum(math.prod(shape_of(nd)) for nd in nodes if nd.op == "placeholder" and shape_of(nd) is not None)
-    for j in range(1, n):
-        send(0, j, TAG_INPUT, in_values * 4)
-        wait(j, 0, TAG_INPUT, in_values * 4)
-    n_reduce = 0
-    for nd in nodes:
-        if nd.op in ("placeholder", "output", "get_attr"):
-            continue
-        ly = layer_of.get(nd.name)
-        if ly is not None:
-            mask = ly.connection_mask(kept)
-            for j in range(n):
-                rows = ly.out_owner == j
-                if not rows.any():
-                    continue
-                remote_cols = ly.col_link[j] >= 0
-                mj = mask[rows]
-                comp[j, 0] += int(mj[:, ~remote_cols].sum()) * 2 * ly.macs_per_connection
-                comp[j, 1] += 1
-                ids = ly.col_link[j][remote_cols]
-                ids = ids[kept[ids]]
-                for t, s in sorted(set(zip(L.tensor[ids].tolist(), senders[ids].tolist(), strict=True))):
-                    if (t, s) not in waited[j]:
-                        waited[j].add((t, s))
-                        v, c = msgs[(t, s, j)]
-                        wait(j, s, TAG_LINKS + t, message_bytes(codec, v, c), v)
-                if len(ids):
-                    comp[j, 0] += int(mj[:, remote_cols].sum()) * 2 * ly.macs_per_connection
-                    comp[j, 1] += 1
-        else:
-            rule = part.rules.get(nd.name)
-            own = part.owner.get(nd.name)
-            if own is not None and rule is not None and rule.kind not in ("view", "static"):
-                comp[:, 0] += _op_flops(part, nd, n)
-                comp[:, 1] += 1
-            if rule is not None and rule.kind == "reduce" and own is not None and not (own == REPLICATED).all():
-                nb = getattr(rule, "stats", 2) * (math.prod(shape_of(nd)) // len(own)) * 4
-                for j in range(n):
-                    for k in range(n):
-                        if k != j:
-                            send(j, k, TAG_STATS + n_reduce, nb)
-                for j in range(n):
-                    for k in range(n):
-                        if k != j:
-                            wait(j, k, TAG_STATS + n_reduce, nb)
-                n_reduce += 1
-        t = t_index.get(nd.name)
-        for s, r, (v, c) in by_tensor.get(t, []) if t is not None else []:
-            send(s, r, TAG_LINKS + t, message_bytes(codec, v, c), v)
-    out_node = next(nd for nd in nodes if nd.op == "output")
-    for a in out_node.all_input_nodes:
-        own = part.owner.get(a.name)
-        if own is None or (own == REPLICATED).all():
-            continue
-        per_ch = math.prod(shape_of(by_name[a.name])) // len(own)
-        for j in range(1, n):
-            c = int((own == j).sum())
-            if c:
-                send(j, 0, TAG_OUTPUT, c * per_ch * 4)
-                wait(0, j, TAG_OUTPUT, c * per_ch * 4)
-    for j in range(n):
-        flush(j)
-        progs[j].append(("f",))
+    for sch in schedule.build(part, kept):
+        j, prog = sch.rank, progs[sch.rank]
+        comp = np.zeros(len(FEATURES) + len(CODEC_FEATURES))
+        for st in sch.steps:
+            if isinstance(st, schedule.Run):
+                ly = layer_of.get(st.node)
+                if ly is not None and st.half in ("local", "remote"):
+                    comp[:2] += _mix_flops(ly, masks[st.node], j, st.half)
+                elif ly is None and st.half in ("all", "partial") and _computes(part, st.node):
+                    comp[:2] += (op_flops[st.node][j], 1)
+                continue
+            links = st.kind == "links"
+            nbytes = message_bytes(codec, st.values, len(st.channels)) if links else st.values * 4
+            if st.op == "send":
+                comp[2:5] += (1, nbytes, st.values if links else 0)  # encoded before it leaves
+            if comp.any():
+                prog.append(("c", comp.copy()))
+                comp[:] = 0.0
+            prog.append(("s" if st.op == "send" else "w", st.peer, st.tag, nbytes))
+            if st.op == "recv" and links:
+                comp[5] += st.values  # decoded once it has arrived: part of the next compute segment
+        if comp.any():
+            prog.append(("c", comp.copy()))
+        prog.append(("f",))
     return progs
+
+
+def _computes(part: Partition, name: str) -> bool:
+    """Whether fx node ``name`` is an op with a cost of its own (not a view, a constant or a mixing op)."""
+    rule = part.rules.get(name)
+    return part.owner.get(name) is not None and rule is not None and rule.kind not in ("view", "static")
 
 
 def price(progs: list[list[tuple]], cal: Calibration, speeds: list[float] | None = None,

@@ -30,15 +30,19 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.ratio is not None or args.shares is not None or args.nodes is not None or args.latency_weight:
             raise ValueError(f"{args.ckpt} is a checkpoint: it brings its own N, shares and kept links "
                              "(--nodes/--shares/--ratio/--latency-weight are for a model name)")
-        man = export(args.ckpt, args.out, codec=args.codec)
+        man = export(args.ckpt, args.out, codec=args.codec, fmt=args.format)
     else:
         nodes = args.nodes or (len(args.shares) if args.shares else 2)
         man = export_model_name(args.ckpt, args.out, nodes, 1.0 if args.ratio is None else args.ratio,
                                 args.input_shape, args.shares, args.budget, args.codec,
-                                args.weights, latency_weight=args.latency_weight)
-    summary = {"out": args.out, "nodes": man["nodes"], "ratio": man["ratio"],
-               "params_per_node": [s["params"] for s in man["shards"]],
-               "bytes_per_node": [s["bytes"] for s in man["shards"]], "params_dense": man["params_dense"]}
+                                args.weights, latency_weight=args.latency_weight, fmt=args.format)
+    summary = {"out": args.out, "format": args.format, "nodes": man["nodes"], "ratio": man["ratio"]}
+    if args.format == "onnx":
+        summary |= {"files": len(man["files"]), "max_rel_err_onnx": man["max_rel_err_onnx"],
+                    "bytes_predicted": man["bytes_predicted"]}
+    else:
+        summary |= {"params_per_node": [s["params"] for s in man["shards"]],
+                    "bytes_per_node": [s["bytes"] for s in man["shards"]], "params_dense": man["params_dense"]}
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
@@ -133,6 +137,9 @@ def add_commands(sub: Any) -> None:
                    help="export folder (created): nodeJ.safetensors per node, manifest.json, reference.safetensors")
     e.add_argument("--codec", type=codec_arg, default="fp32",
                    help="default wire codec recorded in the manifest: fp32, fp16, bf16, int8")
+    e.add_argument("--format", choices=("torch", "onnx"), default="torch",
+                   help="torch: node shards for the torch runtime; onnx: a folder per rank (rankR/) with its ONNX "
+                        "segment graphs and schedule.json, proved in onnxruntime")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=cmd_export)
 

@@ -6,6 +6,7 @@ Layout of an export directory::
                              ownership fingerprint, kept links (bit-packed), dtype, codec,
                              per-node parameter counts and shard checksums, the reference's
                              checksum, and ``manifest_hash`` over all of these
+    node{j}.schedule.json    node j's steps (:mod:`disco.schedule`), its sha256 in the manifest
     node{j}.safetensors      node j's weights only; its header repeats the identity
                              (model hash, nodes, rank, fingerprint), a tensor checksum, the
                              manifest hash and one digest per manifest field
@@ -38,16 +39,18 @@ from torch import Tensor, fx, nn
 from ..checkpoint import pack_bits, state_digest, unpack_bits
 from ..errors import RefusedError, ShardError
 from ..graph import Partition, partition
+from ..schedule import RankSchedule, build
 from .plan import RankPlan
 
 log = logging.getLogger(__name__)
 
 FORMAT = "disco-shards"
-VERSION = 2  # 2: manifest hash and per-field digests in every shard header
+VERSION = 3  # 2: manifest hash and per-field digests in every shard header; 3: the schedules
 
 # every field a node reads; ``info`` (free-form notes) and ``manifest_hash`` itself are not hashed
 REQUIRED = ("format", "version", "model", "model_hash", "nodes", "input_shape", "fingerprint", "n_links", "kept",
-            "ratio", "codec", "params_dense", "bytes_predicted", "shards", "manifest_hash", "reference_sha256")
+            "ratio", "codec", "params_dense", "bytes_predicted", "shards", "manifest_hash", "reference_sha256",
+            "schedules")
 UNHASHED = ("manifest_hash", "info")
 # model config keys that could make a node read a file (a manifest names no file outside its folder)
 _FILE_KEYS = re.compile(r"weight|pretrain|checkpoint|ckpt|path|file|url|dir|backbone", re.I)
@@ -120,9 +123,10 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
     fp = part.fingerprint()
     rep = estimate(part, kept)
     check_model_spec(model_spec, "model_spec")
-    states, shards = [], []
-    for j in range(part.nodes):
-        plan = RankPlan(part, kept, j)
+    states, shards, schedules = [], [], []
+    for j, sch in enumerate(build(part, kept)):
+        plan = RankPlan(part, kept, j, sch)
+        schedules.append(write_schedule(out / sch_name(j), sch))
         state, n_params = plan.shard_from(gm)
         if n_params != rep.params_per_node[j]:
             raise RuntimeError(f"shard of rank {j} holds {n_params} parameters, the cost model counts "
@@ -140,7 +144,8 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "n_links": part.n_links, "kept": pack_bits(kept), "ratio": part.ratio(kept), "dtype": "float32",
         "codec": codec, "params_dense": rep.params_dense, "bytes_predicted": rep.bytes,
         "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "stats_bytes": rep.stats_bytes,
-        "shards": shards, "reference_sha256": file_sha256(out / "reference.safetensors"), "info": info or {},
+        "shards": shards, "schedules": schedules, "reference_sha256": file_sha256(out / "reference.safetensors"),
+        "info": info or {},
         "task": (info or {}).get("task"),
     }
     fields = field_digests(manifest)
@@ -248,6 +253,28 @@ def _first_divergence(part: Partition, kept: np.ndarray, probe: Tensor, tol: flo
     return "no single op's output differs (the difference is in gathering the output)"
 
 
+def write_schedule(path: Path, sch: RankSchedule) -> dict[str, str]:
+    """Write one rank's schedule as JSON; returns its manifest entry (file name, sha256)."""
+    path.write_text(json.dumps(sch.to_json(), separators=(",", ":")))
+    return {"file": path.name, "sha256": file_sha256(path)}
+
+
+def read_schedule(d: Path, man: dict[str, Any], rank: int) -> RankSchedule:
+    """Rank ``rank``'s schedule file, refused when its sha256 differs from the manifest's."""
+    entry = man["schedules"][rank] if isinstance(man["schedules"], list) and len(man["schedules"]) > rank else None
+    name = sch_name(rank)
+    if not isinstance(entry, dict) or entry.get("file") != name:
+        raise ShardError(f"{d / 'manifest.json'}: field 'schedules[{rank}]' must be "
+                         f"{{'file': '{name}', 'sha256': ...}}")
+    path = d / name
+    if not path.is_file() or file_sha256(path) != entry.get("sha256"):
+        raise ShardError(f"schedule {path} is missing or does not match its sha256 in the manifest")
+    try:
+        return RankSchedule.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ShardError(f"schedule {path} is damaged: {e}") from e
+
+
 def _write(path: Path, state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
@@ -295,7 +322,19 @@ def check_model_spec(spec: Any, where: str) -> None:
                                  "numbers, flags or short names, never paths")
 
 
-def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32") -> dict[str, Any]:
+def exporter(fmt: str) -> Any:
+    """The export function of format ``fmt``: "torch" (:func:`export`) or "onnx" (one folder per rank)."""
+    if fmt == "onnx":
+        from .onnx_export import export_onnx
+
+        return export_onnx
+    if fmt != "torch":
+        raise ValueError(f"unknown export format {fmt!r} (torch or onnx)")
+    return export
+
+
+def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "fp32",
+                      fmt: str = "torch") -> dict[str, Any]:
     """Export a sparsified DISCO checkpoint (one with ``disco`` metadata: nodes, kept links)."""
     from ..loading import load
 
@@ -303,9 +342,9 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "
     if loaded.partition is None:
         raise ShardError(f"{ckpt_path} is a dense checkpoint (no DISCO nodes/kept links); sparsify it first, "
                          "or export a dense split with export(model, partition, None, ...)")
-    return export(loaded.model, loaded.partition, loaded.model.kept, out_dir, loaded.ckpt.model, codec=codec,
-                  info={"checkpoint": str(ckpt_path), "metrics": loaded.ckpt.info.get("metrics", {}),
-                        "task": loaded.ckpt.task})
+    return exporter(fmt)(loaded.model, loaded.partition, loaded.model.kept, out_dir, loaded.ckpt.model, codec=codec,
+                         info={"checkpoint": str(ckpt_path), "metrics": loaded.ckpt.info.get("metrics", {}),
+                               "task": loaded.ckpt.task})
 
 
 def read_manifest(d: str | Path) -> dict[str, Any]:
@@ -429,7 +468,11 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
         raise ShardError(f"{d}: ownership fingerprint {man['fingerprint']} does not match the partition of "
                          f"{man['model']['name']} for {man['nodes']} nodes ({part.fingerprint()})")
     kept = unpack_bits(man["kept"], man["n_links"])
-    plan = RankPlan(part, kept, rank)
+    sch = read_schedule(d, man, rank)
+    if sch != build(part, kept)[rank]:
+        raise ShardError(f"schedule {d / sch_name(rank)} is not the schedule of rank {rank} for this partition "
+                         "and these kept links (exported by another version: export it again)")
+    plan = RankPlan(part, kept, rank, sch)
     expected = plan.expected_shapes(part.gm)
     got = {k: tuple(v.shape) for k, v in weights.items()}
     if expected != got:
@@ -437,6 +480,11 @@ def load_node(d: str | Path, rank: int, nodes: int | None = None) -> NodeState:
         raise ShardError(f"shard {path} does not fit the plan of rank {rank} (first differences: {diff})")
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
     return NodeState(man, part, plan, part.gm, weights, nbytes)
+
+
+def sch_name(rank: int) -> str:
+    """The file name of rank ``rank``'s schedule in a torch export."""
+    return f"node{rank}.schedule.json"
 
 
 def _check_header(h: dict[str, Any], man: dict[str, Any], rank: int, path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..graph import Partition
+from ..schedule import build
 from .executor import Executor
 from .plan import RankPlan
 from .transport import Codec, LinkModel, LocalHub, ThreadTransport, get_codec
@@ -27,8 +28,8 @@ def simulate(part: Partition, kept: np.ndarray | None, x: Tensor, codec: str = "
     errors: list[BaseException] = []
     trs: list[ThreadTransport] = []
     execs = []
-    for j in range(part.nodes):
-        plan = RankPlan(part, kept, j)
+    for j, sch in enumerate(build(part, kept)):
+        plan = RankPlan(part, kept, j, sch)
         weights, _ = plan.shard_from(part.gm)
         tr = ThreadTransport(hub, j, part.nodes, timeout=timeout, codec=codec, link=link, n_links=part.n_links,
                              values_per_link=part.links.values,
@@ -111,8 +112,8 @@ class SplitModel(nn.Module):
                 raise ValueError(f"the partition at input shape {shape} has other links than at "
                                  f"{self.part.input_shape}; the kept set does not transfer")
             plans = []
-            for j in range(part.nodes):
-                plan = RankPlan(part, self.kept, j)
+            for j, sch in enumerate(build(part, self.kept)):
+                plan = RankPlan(part, self.kept, j, sch)
                 plans.append((plan, plan.shard_from(part.gm)[0]))
             self._plans[shape] = (part, plans)
         return self._plans[shape]

@@ -34,6 +34,7 @@ from ..graph import MixingLayer, Partition
 from ..graph.capture import shape_of
 from ..graph.liveness import liveness
 from ..graph.ops import Mixing, block_weight_names, local_index
+from ..schedule import RankSchedule, build
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,6 @@ class MixPlan:
     blocks: list[Block]
     bias: bool
     out_shape: tuple[int, ...]  # local output shape
-    needs: list[str]  # base tensors whose receives this op waits for
 
     def weight_names(self, k: int) -> tuple[str, str]:
         return block_weight_names(self.layer, k)
@@ -111,14 +111,8 @@ def _positions(have: np.ndarray, want: np.ndarray, name: str) -> Tensor:
 class RankPlan:
     """Everything rank ``rank`` needs to run its part of ``part`` with links ``kept``."""
 
-    TAG_INPUT = 1
-    TAG_OUTPUT = 2
-    TAG_LINKS = 16
-    TAG_STATS = 1 << 20  # + index of the channel reduction (LayerNorm) in graph order
-
-    def __init__(self, part: Partition, kept: np.ndarray, rank: int) -> None:
+    def __init__(self, part: Partition, kept: np.ndarray, rank: int, schedule: RankSchedule | None = None) -> None:
         self.part, self.rank, self.kept = part, rank, np.asarray(kept, dtype=bool)
-        n = part.nodes
         self.graph_nodes = list(part.gm.graph.nodes)
         self.by_name = {nd.name: nd for nd in self.graph_nodes}
         L = part.links
@@ -132,33 +126,21 @@ class RankPlan:
                 continue
             self.local[nd.name] = local_index(own, rank)
             self.recv[nd.name] = part.received(nd.name, masks)
-        # exchanges
+        # exchanges: the schedule's link messages, as positions in the local tensor and the received order
+        self.schedule = schedule if schedule is not None else build(part, self.kept)[rank]
         self.exchanges: dict[str, Exchange] = {}
-        for t_idx, t_name in enumerate(part.link_tensors):
-            own = part.owner[t_name]
-            ex = Exchange(t_name, self.TAG_LINKS + t_idx, part.cdim[t_name], shape_of(self.by_name[t_name]))
-            sel = self.kept & (L.tensor == t_idx)
-            ids = np.nonzero(sel)[0]
-            src = own[L.channel[ids]]
-            for dst in range(n):
-                s = ids[(src == rank) & (L.receiver[ids] == dst)]
-                s = s[np.argsort(L.channel[s], kind="stable")]
-                if len(s):
-                    ex.sends[dst] = torch.as_tensor(np.searchsorted(self.local[t_name], L.channel[s]))
-                    ex.send_links[dst] = s
-            order = []
-            for s_rank in range(n):
-                r = ids[(src == s_rank) & (L.receiver[ids] == rank)]
-                r = r[np.argsort(L.channel[r], kind="stable")]
-                if len(r):
-                    ex.recvs[s_rank] = len(r)
-                    ex.recv_links[s_rank] = r
-                    order.append(L.channel[r])
+        for m in self.schedule.messages(kind="links"):
+            ex = self.exchanges.setdefault(m.value, Exchange(m.value, m.tag, m.axis, shape_of(self.by_name[m.value])))
+            if m.op == "send":
+                ex.sends[m.peer] = torch.as_tensor(np.searchsorted(self.local[m.value], m.channels))
+                ex.send_links[m.peer] = np.asarray(m.links, dtype=np.int64)
+            else:
+                ex.recvs[m.peer] = len(m.channels)
+                ex.recv_links[m.peer] = np.asarray(m.links, dtype=np.int64)
+        for ex in self.exchanges.values():
+            order = [L.channel[ex.recv_links[s]] for s in sorted(ex.recvs)]
             if order:
                 ex.recv_perm = torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))
-            if ex.sends or ex.recvs:
-                self.exchanges[t_name] = ex
-        self.sends_after = {t: ex for t, ex in self.exchanges.items() if ex.sends}
         # mixing ops
         self.mix: dict[str, MixPlan] = {ly.node: self._mix_plan(ly) for ly in part.layers}
         # channel-local ops whose operands hold other channels than their output (a replicated operand)
@@ -204,14 +186,11 @@ class RankPlan:
                   Block(len(b.rows), torch.as_tensor(np.searchsorted(loc_x, b.local)),
                         torch.as_tensor(np.searchsorted(rcv_x, b.received)))
                   for b in ly.blocks(self.kept, j)]
-        bt, _ = part.base[ly.input]
-        needs = sorted({part.base_names[t] for t in np.unique(bt).tolist()} & set(self.exchanges))
-        needs = [t for t in needs if self.exchanges[t].recvs]
         rows = int((ly.out_owner == j).sum())
         return MixPlan(
             layer=ly.key, node=ly.node, input=ly.input, out_cdim=part.cdim[ly.node], in_cdim=part.cdim[ly.input],
             kernel=ly.rule, blocks=blocks, bias=ly.view(part.gm).bias is not None,
-            out_shape=_shape_with(shape_of(node), part.cdim[ly.node], rows), needs=needs,
+            out_shape=_shape_with(shape_of(node), part.cdim[ly.node], rows)
         )
 
     # ---- weights --------------------------------------------------------------------------

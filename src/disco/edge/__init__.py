@@ -1,0 +1,1 @@
+"""Torch-free pieces that run an ONNX export (numpy + onnxruntime only)."""
