@@ -141,3 +141,21 @@ def test_engine_imports_no_torch_nor_disco() -> None:
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'disco')]; assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+def test_real_onnx_export_runs_with_torch_blocked(tmp_path: Path) -> None:
+    """cifar_resnet8 N=2 r=0.2 exported by `disco export --format onnx`, both nodes with torch blocked: the
+    output matches the model's own forward and link bytes equal the cost model's, at fp32 and int8."""
+    d = tmp_path / "r8"
+    out = subprocess.run([sys.executable, "-m", "disco.cli", "export", "cifar_resnet8", "--nodes", "2", "--ratio",
+                          "0.2", "--format", "onnx", "--out", str(d)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    man = json.loads((d / "manifest.json").read_text())
+    for codec, scale in (("fp32", 4), ("int8", 1)):
+        codes, errs, rep = run_nodes(d, "--codec", codec, "--max-rel-err", "1e-4" if codec == "fp32" else "0.02")
+        assert codes == [0, 0], errs
+        assert rep["torch_in_node"] == [False, False] and rep["engine"] == "onnxruntime"
+        assert rep["bytes_sent_total"] == man["bytes_predicted"] // 4 * scale == rep["bytes_predicted"]
+        assert rep["messages_per_inference"] == man["messages_per_inference"]
+        assert rep["max_rel_err_vs_single_process"] <= (1e-4 if codec == "fp32" else 0.02)

@@ -16,7 +16,7 @@ from .errors import Refused
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "DISCO_RUN_TOKEN"  # the launcher's per-run token (as disco.runtime.node)
-FORMAT = "disco-schedule/1"
+FORMATS = ("disco-onnx-schedule/1", "disco-schedule/1")
 STEP_OPS = ("run", "send", "recv", "free")
 
 
@@ -81,23 +81,28 @@ class Bundle:
         return sum(p.stat().st_size for p in self.folder.iterdir() if p.suffix in (".onnx", ".data", ".bin"))
 
     def token(self) -> str:
-        """The run token: the launcher's ``DISCO_RUN_TOKEN``, else the manifest's ``run_token``."""
-        tok = os.environ.get(TOKEN_ENV) or self.manifest.get("run_token") or ""
+        """The run token: the launcher's ``DISCO_RUN_TOKEN``, else the manifest's ``run_token``, else its
+        ``manifest_hash`` (nodes of another export are refused at least)."""
+        tok = (os.environ.get(TOKEN_ENV) or self.manifest.get("run_token") or self.manifest.get("manifest_hash")
+               or "")
         if not tok:
             log.warning("no run token (neither %s nor the manifest's run_token): peers are not authenticated",
                         TOKEN_ENV)
         return str(tok)
 
     def reference(self) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
-        """The shipped reference inputs and outputs (by the schedule's names, or ``input`` / ``output``)."""
+        """The shipped reference inputs and outputs: by the schedule's names, else ``input`` / ``output`` (one
+        value) or ``output.0``, ``output.1``, ... (several), as ``disco export --format onnx`` writes them."""
         f = self.folder / "reference.npz"
         if not f.is_file():
             return None
         with np.load(f) as z:
             def pick(specs: list[dict[str, Any]], alias: str) -> list[np.ndarray]:
-                if len(specs) == 1 and specs[0]["name"] not in z and alias in z:
+                if all(s["name"] in z for s in specs):
+                    return [z[s["name"]] for s in specs]
+                if len(specs) == 1:
                     return [z[alias]]
-                return [z[s["name"]] for s in specs]
+                return [z[f"{alias}.{i}"] for i in range(len(specs))]
             try:
                 return pick(self.schedule["inputs"], "input"), pick(self.schedule["outputs"], "output")
             except KeyError as e:
@@ -105,8 +110,8 @@ class Bundle:
 
 
 def _check_schedule(s: Any, folder: Path, rank: int, nodes: int) -> None:
-    if not isinstance(s, dict) or s.get("format") != FORMAT:
-        raise Refused(f"{folder}/schedule.json is not a {FORMAT} schedule")
+    if not isinstance(s, dict) or s.get("format") not in FORMATS:
+        raise Refused(f"{folder}/schedule.json is not a {FORMATS[0]} schedule")
     if s.get("rank") != rank:
         raise Refused(f"{folder} is rank {s.get('rank')}'s folder, this node is rank {rank} (copy rank{rank}/ "
                       "to this device, or start it with --rank " f"{s.get('rank')})")

@@ -82,7 +82,10 @@ class Engine:
 
 def _run(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
     names_in, names_out = e.io[st["graph"]]
-    feeds = dict(zip(names_in, (env[v] for v in st["inputs"]), strict=True))
+    if sorted(names_in) == sorted(st["inputs"]):  # the graph's inputs carry the env names (disco export)
+        feeds = {v: env[v] for v in st["inputs"]}
+    else:  # else by position
+        feeds = dict(zip(names_in, (env[v] for v in st["inputs"]), strict=True))
     outs = e.sessions[st["graph"]].run(names_out, feeds)
     for v, y in zip(st["outputs"], outs, strict=True):
         env[v] = y
