@@ -159,3 +159,32 @@ def test_real_onnx_export_runs_with_torch_blocked(tmp_path: Path) -> None:
         assert rep["bytes_sent_total"] == man["bytes_predicted"] // 4 * scale == rep["bytes_predicted"]
         assert rep["messages_per_inference"] == man["messages_per_inference"]
         assert rep["max_rel_err_vs_single_process"] <= (1e-4 if codec == "fp32" else 0.02)
+
+
+def test_killed_peer_is_named_fast(export: Path) -> None:
+    """A peer killed mid-run: rank 0 names it within seconds (its connection closed), far under --timeout."""
+    import signal
+    import time
+
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, "-c", BLOCKED, str(export), "--rank", str(r), "--nodes", "2",
+                               "--leader", f"127.0.0.1:{port}", "--iters", "10000000", "--timeout", "60"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    time.sleep(4)
+    assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    _, err = procs[0].communicate(timeout=30)
+    procs[1].communicate()
+    assert procs[0].returncode == 3 and time.monotonic() - t0 < 10
+    assert "lost rank 1" in _one_line(err)
+
+
+def test_peer_list_and_missing_onnxruntime_refused(export: Path) -> None:
+    one = subprocess.run([sys.executable, "-c", BLOCKED, str(export), "--rank", "0", "--nodes", "2", "--peers",
+                          f"127.0.0.1:{_port()}"], capture_output=True, text=True, timeout=60)
+    assert one.returncode == 2 and "--peers lists 1 addresses for 2 nodes" in _one_line(one.stderr)
+    no_ort = BLOCKED.replace("sys.modules['torch'] = None", "sys.modules['onnxruntime'] = None")
+    out = subprocess.run([sys.executable, "-c", no_ort, str(export), "--rank", "1", "--nodes", "2", "--leader",
+                          f"127.0.0.1:{_port()}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "onnxruntime is not installed" in _one_line(out.stderr)

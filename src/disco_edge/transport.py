@@ -27,12 +27,15 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .errors import Failed, PeerLost, Refused
 from .link import LinkModel, Pacing
 
 log = logging.getLogger(__name__)
 _TAG = struct.Struct("<q")
+CHECK_S = 0.1  # a wait looks at the connections' events after this long without a message
+GONE_GRACE_S = 0.5  # a peer whose connection closed is lost once this long has passed without its message
 
 
 def _ident(rank: int) -> bytes:
@@ -57,6 +60,8 @@ class ZmqTransport:
         self.out: dict[int, zmq.Socket] = {}
         self.addrs: list[str] = []
         self.known: set[int] = set()  # peers whose hello verified
+        self.monitors: dict[int, zmq.Socket] = {}  # events of the connection to each peer
+        self.gone: dict[int, float] = {}  # peers whose connection closed, since when
         self.stash: dict[tuple[int, Any], deque] = {}
         self.pacing = Pacing(link or LinkModel())
         self.messages = 0
@@ -84,6 +89,7 @@ class ZmqTransport:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.ROUTING_ID, _ident(self.rank))
         s.setsockopt(zmq.LINGER, 2000)
+        self.monitors[peer] = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         s.connect(addr)
         s.send_multipart([b"H", mac(self.token, self.rank), json.dumps(hello).encode()])
         self.out[peer] = s
@@ -171,10 +177,24 @@ class ZmqTransport:
         box = self.stash.setdefault(key, deque())
         while not box:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.inbox.poll(int(left * 1000) + 1):
+            if left <= 0:
                 raise PeerLost(key[0], f"no message within {timeout:.0f} s (a stopped or hung peer)")
-            self._pump_one()
+            if self.inbox.poll(int(min(left, CHECK_S) * 1000) + 1):
+                self._pump_one()
+                continue
+            self._check_gone(key[0])
         return box.popleft()
+
+    def _check_gone(self, src: int) -> None:
+        """Note closed connections; raise when ``src``'s closed more than the grace ago (its last messages, sent
+        on its own connection, had time to arrive)."""
+        for j, mon in self.monitors.items():
+            while mon.poll(0):
+                if recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED:
+                    self.gone.setdefault(j, time.monotonic())
+        since = self.gone.get(src)
+        if since is not None and time.monotonic() - since > GONE_GRACE_S:
+            raise PeerLost(src, "its connection closed (the process ended or was killed)")
 
     def recv(self, src: int, tag: int, nbytes: int) -> np.ndarray:
         """The next data message (``src``, ``tag``) as uint8 (zero-copy); its length must be ``nbytes``."""
@@ -241,6 +261,9 @@ class ZmqTransport:
         if self._q is not None:
             self._q.put(None)
         for s in self.out.values():
+            s.disable_monitor()
             s.close(linger=linger_ms)
+        for m in self.monitors.values():
+            m.close(linger=0)
         self.inbox.close(linger=0)
         self.ctx.term()
