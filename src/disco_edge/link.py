@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 from .errors import Refused
 
-_BW = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(?:bit|bits|bit/s|bps)$", re.I)
-_LAT = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|µs|ms|s)$", re.I)
-_UNSHAPED = ("none", "inf", "unshaped")
+BANDWIDTH_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(?:bit|bits|bit/s|bps)$", re.I)
+LATENCY_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|µs|ms|s)$", re.I)
+UNSHAPED = ("none", "inf", "unshaped")
 
 
 def parse_bandwidth(s: str | None) -> float | None:
     """``'100mbit'`` -> 1e8 bits/s; None / 'none' / 'inf': unshaped."""
-    if s is None or str(s).strip().lower() in _UNSHAPED:
+    if s is None or str(s).strip().lower() in UNSHAPED:
         return None
-    m = _BW.match(str(s).strip())
+    m = BANDWIDTH_RE.match(str(s).strip())
     if not m or float(m.group(1)) <= 0:
         raise Refused(f"cannot parse bandwidth {s!r}; write e.g. 10mbit, 100mbit, 1gbit")
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
@@ -33,7 +33,7 @@ def parse_latency(s: str | None) -> float:
     """``'2ms'`` -> 0.002 s; None: no added latency."""
     if s is None:
         return 0.0
-    m = _LAT.match(str(s).strip())
+    m = LATENCY_RE.match(str(s).strip())
     if not m:
         raise Refused(f"cannot parse latency {s!r}; write e.g. 2ms, 500us, 0.01s")
     return float(m.group(1)) * {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2).lower()]
