@@ -23,6 +23,7 @@ import numpy as np
 from .errors import EXIT_FAILED, Failed, Refused
 
 log = logging.getLogger("disco_edge")
+PARENT_ENV = "DISCO_LAUNCHER_PID"  # set by disco run's launcher (as disco.runtime.node)
 UNSUPPORTED = ("data", "limit", "stream")  # run options of the torch engine this one refuses
 
 
@@ -106,6 +107,8 @@ class Node:
 
         a = self.a
         self.tr = ZmqTransport(a.rank, a.nodes, self.b.token(), self.link, timeout=a.startup_timeout)
+        parent = os.environ.get(PARENT_ENV, "")
+        self.tr.parent = int(parent) if parent.isdigit() else None
         self.engine = Engine(self.b, self.tr, self.codec)  # sessions first: a bad graph refuses before joining
         if a.peers is not None:
             self.tr.start_peers([p.strip() for p in a.peers.split(",")])

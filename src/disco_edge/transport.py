@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import queue
 import struct
 import threading
@@ -62,6 +63,7 @@ class ZmqTransport:
         self.known: set[int] = set()  # peers whose hello verified
         self.monitors: dict[int, zmq.Socket] = {}  # events of the connection to each peer
         self.gone: dict[int, float] = {}  # peers whose connection closed, since when
+        self.parent: int | None = None  # the launcher's pid (``disco run``): its end ends this node
         self.stash: dict[tuple[int, Any], deque] = {}
         self.pacing = Pacing(link or LinkModel())
         self.messages = 0
@@ -192,6 +194,8 @@ class ZmqTransport:
             while mon.poll(0):
                 if recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED:
                     self.gone.setdefault(j, time.monotonic())
+        if self.parent is not None and os.getppid() != self.parent:
+            raise Failed(f"the launcher (pid {self.parent}) is gone; stopping")
         since = self.gone.get(src)
         if since is not None and time.monotonic() - since > GONE_GRACE_S:
             raise PeerLost(src, "its connection closed (the process ended or was killed)")
