@@ -85,17 +85,15 @@ def _number(value: Any, what: str) -> float:
 
 # ---- units ------------------------------------------------------------------------------------
 
-_BW = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(bit|bits|bps|bit/s)$", re.I)
-_LAT = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(us|µs|ms|s)$", re.I)
-_UNSHAPED = ("none", "inf", "unshaped")
+from disco_edge.link import BANDWIDTH_RE, LATENCY_RE, UNSHAPED  # noqa: E402 - one option syntax for both engines
 
 
 def parse_bandwidth(s: str | None) -> float | None:
     """Per-node link bandwidth in bits/s: ``'100mbit'`` -> 1e8. None or ``'none'``/``'inf'``: unshaped."""
-    if s is None or str(s).strip().lower() in _UNSHAPED:
+    if s is None or str(s).strip().lower() in UNSHAPED:
         return None
     text = str(s).strip()
-    m = _BW.match(text)
+    m = BANDWIDTH_RE.match(text)
     if not m:
         if re.match(r"^-", text):
             raise RefusedError(f"bandwidth must be positive, got {s!r}")
@@ -113,7 +111,7 @@ def parse_latency(s: str | None) -> float:
     if s is None:
         return 0.0
     text = str(s).strip()
-    m = _LAT.match(text)
+    m = LATENCY_RE.match(text)
     if not m:
         if text.startswith("-"):
             raise RefusedError(f"latency must be >= 0, got {s!r}")

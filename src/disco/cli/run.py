@@ -57,13 +57,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from ..api import run
     from ..errors import RefusedError, RunFailure
+    from ..runtime.launch import is_onnx_export, launch
     from ..runtime.options import RunOptions
 
     if args.data is not None:
         check_data_folder(args.data)
     try:
-        rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, options=RunOptions.from_args(args),
-                  progress=_progress_bar() if args.data is not None else None)
+        if is_onnx_export(args.dir):  # the torch-free engine (disco_edge) checks the folder and options itself
+            rep = launch(args.dir, args.nodes, RunOptions.from_args(args), timeout=args.run_timeout)
+        else:
+            rep = run(args.dir, args.nodes, run_timeout=args.run_timeout, options=RunOptions.from_args(args),
+                      progress=_progress_bar() if args.data is not None else None)
     except (RefusedError, RunFailure) as e:
         print(f"disco run: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -34,9 +34,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def is_onnx_export(d: str | Path) -> bool:
+    """Whether ``d`` is an ONNX export (``rank0/schedule.json``), run by the torch-free engine ``disco_edge``."""
+    return (Path(d) / "rank0" / "schedule.json").is_file()
+
+
 def node_command(d: str | Path, rank: int, nodes: int, port: int, opts: RunOptions | list[str] | None = None,
                  result: str | Path | None = None) -> list[str]:
-    """The node program's command line for ``rank`` (plain ``python -m disco.runtime.node``)."""
+    """The node program's command line for ``rank``: ``python -m disco.runtime.node``, or for an ONNX export
+    ``python -m disco_edge`` (the same run options; rank 0's address is the rendezvous)."""
+    if is_onnx_export(d):
+        cmd = [sys.executable, "-m", "disco_edge", str(d), "--rank", str(rank), "--nodes", str(nodes),
+               "--leader", f"127.0.0.1:{port}", *run_options(opts).to_argv()]
+        return cmd + (["--result", str(result)] if result is not None else [])
     cmd = [sys.executable, "-m", "disco.runtime.node", str(d), "--rank", str(rank), "--world-size", str(nodes),
            "--master-addr", "127.0.0.1", "--master-port", str(port), *run_options(opts).to_argv()]
     return cmd + (["--result", str(result)] if result is not None else [])

@@ -18,12 +18,13 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from disco_edge.link import LinkModel  # the one link model of both engines (torch-free)
 
 from ..errors import PeerError
 
@@ -120,19 +121,6 @@ def parse_latency(s: str | None) -> float:
     return parse(s)
 
 
-@dataclass
-class LinkModel:
-    """Per-node interface of ``bandwidth_bps`` (None: unshaped), full duplex, one switch, one-way latency."""
-
-    bandwidth_bps: float | None = None
-    latency_s: float = 0.0
-
-    @property
-    def shaped(self) -> bool:
-        return self.bandwidth_bps is not None or self.latency_s > 0
-
-    def wire_time(self, nbytes: int) -> float:
-        return 0.0 if self.bandwidth_bps is None else nbytes * 8.0 / self.bandwidth_bps
 
 
 # ---- transports -------------------------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""Execute one rank's schedule: ONNX Runtime sessions (one compute thread) and the transport's messages.
+
+Values live in an environment dict (name -> numpy array). Steps, in order (ENGINE.md): ``run`` a graph,
+``send`` a whole value (``links`` coded with the wire codec, other kinds raw fp32), ``recv`` a value (checked
+against the step's shape and byte count before it is decoded), ``free`` values. Each op is a rule in ``STEPS``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .bundle import Bundle
+from .codecs import RAW, Codec
+from .errors import Failed, Refused
+from .transport import ZmqTransport
+
+log = logging.getLogger(__name__)
+
+
+def session(path: Any) -> Any:
+    """An ONNX Runtime CPU session with one compute thread (one thread = one device)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own Fail / InvalidGraph / NotImplemented types
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise Refused(f"{path}: onnxruntime {ort.__version__} cannot load it ({first}); an opset or op this "
+                      "onnxruntime lacks? install a newer onnxruntime") from None
+
+
+class Counters:
+    """Bytes and messages of one inference, split as the torch runtime's transport does."""
+
+    def __init__(self) -> None:
+        self.payload_bytes = self.overhead_bytes = self.other_bytes = self.stats_bytes = self.messages = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class Engine:
+    """One rank: its sessions, the transport and the wire codec; :meth:`infer` runs the steps once."""
+
+    def __init__(self, bundle: Bundle, transport: ZmqTransport, codec: Codec) -> None:
+        self.b, self.tr, self.codec = bundle, transport, codec
+        self.sessions = {name: session(p) for name, p in bundle.graphs.items()}
+        self.io = {name: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
+                   for name, s in self.sessions.items()}
+        self.counters = Counters()
+
+    def infer(self, inputs: list[np.ndarray] | None) -> list[np.ndarray]:
+        """Run every step; rank 0 feeds ``inputs`` (the schedule's ``inputs``) and returns its ``outputs``."""
+        self.counters = Counters()
+        env: dict[str, np.ndarray] = {}
+        if inputs is not None:
+            for spec, x in zip(self.b.schedule["inputs"], inputs, strict=True):
+                env[spec["name"]] = np.ascontiguousarray(x, dtype=np.float32)
+        for i, st in enumerate(self.b.schedule["steps"]):
+            try:
+                STEPS[st["op"]](self, st, env)
+            except KeyError as e:
+                raise Failed(f"step {i} ({st['op']}): no value {e} in this rank's environment (a schedule "
+                             "that reads a value before it is made)") from None
+        self.tr.flush()
+        if self.b.rank != 0:
+            return []
+        return [env[o["name"]] for o in self.b.schedule["outputs"]]
+
+    def _codec(self, st: dict[str, Any]) -> Codec:
+        return self.codec if st.get("kind", "links") == "links" else RAW
+
+
+def _run(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
+    names_in, names_out = e.io[st["graph"]]
+    if sorted(names_in) == sorted(st["inputs"]):  # the graph's inputs carry the env names (disco export)
+        feeds = {v: env[v] for v in st["inputs"]}
+    else:  # else by position
+        feeds = dict(zip(names_in, (env[v] for v in st["inputs"]), strict=True))
+    outs = e.sessions[st["graph"]].run(names_out, feeds)
+    for v, y in zip(st["outputs"], outs, strict=True):
+        env[v] = y
+
+
+def _send(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
+    x = env[st["value"]]
+    axis = int(st.get("axis", 1 if x.ndim > 1 else 0))
+    codec = e._codec(st)
+    buf = codec.encode(x, axis)
+    c = e.counters
+    kind = st.get("kind", "links")
+    if kind == "links":
+        payload = x.size * codec.bytes_per_value
+        c.payload_bytes += payload
+        c.overhead_bytes += len(buf) - payload
+    elif kind == "stats":
+        c.stats_bytes += len(buf)
+    else:
+        c.other_bytes += len(buf)
+    c.messages += 1
+    e.tr.send(int(st["to"]), int(st["tag"]), buf)
+
+
+def _recv(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
+    shape = tuple(int(s) for s in st["shape"])
+    axis = int(st.get("axis", 1 if len(shape) > 1 else 0))
+    if st.get("dtype", "float32") != "float32":
+        raise Failed(f"recv {st['value']!r}: dtype {st['dtype']} (the engine carries float32 values)")
+    codec = e._codec(st)
+    buf = e.tr.recv(int(st["from"]), int(st["tag"]), codec.nbytes(shape, axis))
+    env[st["value"]] = codec.decode(buf, shape, axis)
+
+
+def _free(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
+    for v in st["values"]:
+        env.pop(v, None)
+
+
+STEPS: dict[str, Callable[[Engine, dict[str, Any], dict[str, np.ndarray]], None]] = {
+    "run": _run, "send": _send, "recv": _recv, "free": _free}
+
+
+def rel_err(out: list[np.ndarray], ref: list[np.ndarray]) -> float:
+    """Largest relative error (max |a-b| / max |b|) over the outputs, as ``disco.runtime.export``."""
+    worst = 0.0
+    for a, b in zip(out, ref, strict=True):
+        if a.shape != b.shape:
+            return float("inf")
+        if b.size:
+            den = max(float(np.abs(b).max()), 1e-30)
+            worst = max(worst, float(np.abs(a.astype(np.float64) - b).max()) / den)
+    return worst

@@ -1,0 +1,239 @@
+"""The node program: ``python -m disco_edge FOLDER --rank R --nodes N (--leader HOST:PORT | --peers ...)``.
+
+Start-up: verify the rank folder (exit 2 on anything wrong), load the graphs, meet the peers, run the shipped
+reference input once (the self-test: rank 0 refuses to serve above ``--max-rel-err``, exit 3), then serve
+``--warmup`` + ``--iters`` inferences of the input (rank 0 drives: a ``go`` control message per inference, ``end``
+at the end). Every rank sends rank 0 its own figures; rank 0 writes the report (``--result``, or stdout).
+Errors: one line ``disco node R: error: ...`` on stderr, exit 2 (refused) or 3 (failed); the peers are told.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import EXIT_FAILED, Failed, Refused
+
+log = logging.getLogger("disco_edge")
+PARENT_ENV = "DISCO_LAUNCHER_PID"  # set by disco run's launcher (as disco.runtime.node)
+UNSUPPORTED = ("data", "limit", "stream")  # run options of the torch engine this one refuses
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="disco-node", description=__doc__.splitlines()[0])
+    p.add_argument("folder", help="the export folder, or one rank folder (rankR/) copied with manifest.json")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--nodes", "--world-size", dest="nodes", type=int, required=True)
+    p.add_argument("--leader", help="rank 0's host:port (the rendezvous)")
+    p.add_argument("--peers", help="every rank's host:port, in rank order (instead of --leader)")
+    p.add_argument("--host", default="127.0.0.1", help="with --leader: this node's address for its peers")
+    p.add_argument("--codec", help="wire codec: fp32 (default: the manifest's), fp16, int8")
+    p.add_argument("--bandwidth", help="emulated per-node link bandwidth, e.g. 100mbit (default: unshaped)")
+    p.add_argument("--latency", help="emulated one-way latency per message, e.g. 2ms")
+    p.add_argument("--input", help="rank 0: input .npy (default: the reference input)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds of silence from a peer before giving up")
+    p.add_argument("--startup-timeout", type=float, default=20.0, help="seconds for all nodes to join")
+    p.add_argument("--max-rel-err", type=float,
+                   help="self-test limit (default 1e-4 with fp32; unchecked with a lossy codec unless given)")
+    p.add_argument("--threads", type=int, default=1, help="compute threads: 1 (one thread = one device)")
+    p.add_argument("--io-nice", type=int, default=19, help="accepted for the torch engine's flags; unused")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks (tests only)")
+    p.add_argument("--result", help="rank 0: write the report (JSON) here")
+    for name in UNSUPPORTED:
+        p.add_argument("--" + name, help=argparse.SUPPRESS)
+    return p
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak resident set (VmHWM), in MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """Refuse options that cannot work, before anything is loaded."""
+    bad = [n for n in UNSUPPORTED if getattr(a, n) is not None]
+    if bad:
+        raise Refused(f"--{bad[0]} is not supported by the onnxruntime engine (run a torch export for it)")
+    if a.nodes < 2 or not 0 <= a.rank < a.nodes:
+        raise Refused(f"--rank {a.rank} --nodes {a.nodes}: need N >= 2 and 0 <= rank < N")
+    if (a.leader is None) == (a.peers is None):
+        raise Refused("give either --leader HOST:PORT (rank 0's address) or --peers HOST:PORT,... (one per rank)")
+    if a.input is not None and not a.input.endswith(".npy"):
+        raise Refused(f"--input {a.input}: the onnxruntime engine reads a .npy file (numpy.save)")
+    if a.threads != 1:
+        raise Refused(f"--threads {a.threads}: the onnxruntime engine computes on one thread")
+    if a.iters < 1 or a.warmup < 0 or not a.timeout > 0 or not a.startup_timeout > 0:
+        raise Refused("--iters >= 1, --warmup >= 0 and positive --timeout / --startup-timeout please")
+
+
+class Node:
+    """One rank's start-up, self-test, serving loop and report."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        from . import bundle
+        from .codecs import get_codec
+        from .link import LinkModel, parse_bandwidth, parse_latency
+
+        self.a = a
+        self.link = LinkModel(parse_bandwidth(a.bandwidth), parse_latency(a.latency))
+        self.b = bundle.load(a.folder, a.rank, a.nodes, verify=not a.no_verify)
+        self.codec = get_codec(a.codec or self.b.manifest.get("codec") or "fp32")
+        self.ref = self.b.reference() if a.rank == 0 else None
+        if a.rank == 0 and self.ref is None:
+            raise Refused(f"{self.b.folder} has no reference.npz (rank 0 needs it for the self-test)")
+        self.tr: Any = None
+
+    def start(self) -> None:
+        from .engine import Engine
+        from .transport import ZmqTransport
+
+        a = self.a
+        self.tr = ZmqTransport(a.rank, a.nodes, self.b.token(), self.link, timeout=a.startup_timeout)
+        parent = os.environ.get(PARENT_ENV, "")
+        self.tr.parent = int(parent) if parent.isdigit() else None
+        self.engine = Engine(self.b, self.tr, self.codec)  # sessions first: a bad graph refuses before joining
+        if a.peers is not None:
+            self.tr.start_peers([p.strip() for p in a.peers.split(",")])
+        else:
+            self.tr.start_leader(a.leader, a.host)
+        self.tr.timeout = a.timeout
+
+    def self_test(self) -> float | None:
+        """Run the reference input once; rank 0 refuses above the limit. Returns the error (rank 0)."""
+        from .engine import rel_err
+
+        out = self._step(self.ref[0] if self.ref else None)
+        if self.ref is None:
+            return None
+        err = rel_err(out, self.ref[1])
+        limit = self.a.max_rel_err if self.a.max_rel_err is not None else (
+            1e-4 if self.codec.name == "fp32" else None)
+        if limit is not None and not err <= limit:
+            raise Failed(f"self-test: the output differs from the export's reference by {err:.2e} (max rel. "
+                         f"error allowed {limit:g}, --max-rel-err): a damaged export or a broken engine")
+        log.info("self-test passed: rel. err %.2e", err)
+        return err
+
+    def _step(self, x: list[np.ndarray] | None) -> list[np.ndarray]:
+        """One inference; rank 0 tells the others to go first (they wait for it)."""
+        if self.a.rank == 0:
+            for j in range(1, self.a.nodes):
+                self.tr.send_control(j, {"go": True})
+        elif not self.tr.control(0).get("go"):
+            raise Failed("rank 0 ended the run before the self-test")
+        return self.engine.infer(x)
+
+    def serve(self) -> dict[str, Any]:
+        """Rank 0: warm-up + timed inferences, then ``end``; others: follow ``go`` until ``end``."""
+        a = self.a
+        if a.rank != 0:
+            while self.tr.control(0).get("go"):
+                self.engine.infer(None)
+            return {}
+        x = self.ref[0] if a.input is None else [np.load(a.input).astype(np.float32)]
+        lat = []
+        for _ in range(a.warmup + a.iters):
+            t0 = time.perf_counter()
+            self._step(x)
+            lat.append(time.perf_counter() - t0)
+        for j in range(1, a.nodes):
+            self.tr.send_control(j, {"go": False})
+        return {"lat": lat[a.warmup:]}
+
+    def stats(self) -> dict[str, Any]:
+        torch_in = sys.modules.get("torch") is not None  # None: blocked from import
+        return {"rank": self.a.rank, "peak_rss_mb": peak_rss_mb(), "torch_in_node": torch_in,
+                "weight_bytes": self.b.weight_bytes, **self.engine.counters.as_dict()}
+
+
+def report(node: Node, err: float | None, lat: list[float], all_stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's report: the torch runtime's fields where they apply, plus ``engine``."""
+    man, link = node.b.manifest, node.link
+    bpv = node.codec.bytes_per_value
+    return {
+        "engine": "onnxruntime", "nodes": node.a.nodes, "model": (man.get("model") or {}).get("name"),
+        "input_shape": node.b.schedule["inputs"][0]["shape"], "codec": node.codec.name, "ratio": man.get("ratio"),
+        "bandwidth_mbit": None if link.bandwidth_bps is None else link.bandwidth_bps / 1e6,
+        "latency_s": link.latency_s, "shaping": "pacing" if link.shaped else None,
+        "latency_ms_median": float(np.median(lat) * 1e3), "latency_ms_all": [t * 1e3 for t in lat],
+        "throughput_per_s": float(1.0 / np.median(lat)), "stream": 0,
+        "bytes_sent_total": int(sum(s["payload_bytes"] for s in all_stats)),
+        "bytes_predicted": None if "bytes_predicted" not in man else int(man["bytes_predicted"] // 4 * bpv),
+        "bytes_codec_overhead": int(sum(s["overhead_bytes"] for s in all_stats)),
+        "bytes_input_output": int(sum(s["other_bytes"] for s in all_stats)),
+        "bytes_stats": int(sum(s["stats_bytes"] for s in all_stats)),
+        "max_rel_err_vs_single_process": err,
+        "peak_rss_mb_per_node": [s["peak_rss_mb"] for s in all_stats],
+        "torch_in_node": [s["torch_in_node"] for s in all_stats],
+        "weight_bytes_per_node": [s["weight_bytes"] for s in all_stats],
+        "messages_per_inference": int(sum(s["messages"] for s in all_stats)),
+    }
+
+
+def run(a: argparse.Namespace) -> dict[str, Any] | None:
+    """The whole life of one node; returns rank 0's report."""
+    check_args(a)
+    node = Node(a)
+    try:
+        node.start()
+        err = node.self_test()
+        done = node.serve()
+        node.tr.flush()
+        if a.rank != 0:
+            node.tr.send_control(0, {"stats": node.stats()})
+            node.tr.flush()  # through the pacer before the sockets close
+            return None
+        all_stats = [node.stats()] + [node.tr.control(j)["stats"] for j in range(1, a.nodes)]
+        return report(node, err, done["lat"], all_stats)
+    except (Failed, Refused) as e:
+        if node.tr is not None:
+            node.tr.tell_stop(f"rank {a.rank}: {e}")
+        raise
+    finally:
+        if node.tr is not None:
+            node.tr.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (``disco-node`` / ``python -m disco_edge``): exit 0, 2 (refused) or 3 (failed)."""
+    logging.basicConfig(level=os.environ.get("DISCO_LOG", "WARNING").upper(), format="%(name)s: %(message)s")
+    a = parser().parse_args(argv)
+    try:
+        rep = run(a)
+    except (Failed, Refused) as e:
+        print(f"disco node {a.rank}: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except ImportError as e:
+        print(f"disco node {a.rank}: error: {e.name or e} is not installed on this device: pip install "
+              "disco-edge (numpy, onnxruntime, pyzmq)", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # an unexpected failure still ends in one line and exit 3
+        print(f"disco node {a.rank}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    if rep is not None:
+        text = json.dumps(rep)
+        if a.result:
+            Path(a.result).write_text(text)
+        else:
+            print(text)
+    return 0

@@ -1,0 +1,190 @@
+"""The torch-free node engine (disco_edge) on a hand-built 2-rank ONNX export, torch blocked in the nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from edge_export import SHAPE, build
+
+BLOCKED = "import sys; sys.modules['torch'] = None; from disco_edge.node import main; sys.exit(main())"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(d: Path, *extra: str, args: dict[int, list[str]] | None = None, env: dict[str, str] | None = None,
+              timeout: float = 60) -> tuple[list[int], list[str], dict | None]:
+    """Start both ranks (torch blocked), wait, return (exit codes, stderr texts, rank 0's report)."""
+    port, result = _port(), d / "result.json"
+    result.unlink(missing_ok=True)
+    procs = []
+    for r in (0, 1):
+        cmd = [sys.executable, "-c", BLOCKED, str(d), "--rank", str(r), "--nodes", "2", "--leader",
+               f"127.0.0.1:{port}", "--warmup", "1", "--iters", "3", "--timeout", "5", "--startup-timeout", "10",
+               *extra, *(args or {}).get(r, []), *(["--result", str(result)] if r == 0 else [])]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, **(env or {}).get(r, {})} if env else None))
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    rep = json.loads(result.read_text()) if result.is_file() else None
+    return [p.returncode for p in procs], [e for _, e in outs], rep
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("edge") / "toy"
+    build(d)
+    return d
+
+
+@pytest.mark.parametrize("codec,payload,overhead", [("fp32", 144, 0), ("fp16", 72, 0), ("int8", 36, 16)])
+def test_engine_runs_export_without_torch(export: Path, codec: str, payload: int, overhead: int) -> None:
+    codes, errs, rep = run_nodes(export, "--codec", codec, *(["--max-rel-err", "0.05"] if codec != "fp32" else []))
+    assert codes == [0, 0], errs
+    assert rep["engine"] == "onnxruntime" and rep["torch_in_node"] == [False, False]
+    assert rep["bytes_sent_total"] == payload == rep["bytes_predicted"]
+    assert rep["bytes_codec_overhead"] == overhead
+    assert rep["bytes_input_output"] == 4 * int(np.prod(SHAPE))
+    assert rep["messages_per_inference"] == 2
+    limit = 1e-6 if codec == "fp32" else 0.05
+    assert rep["max_rel_err_vs_single_process"] <= limit
+    assert all(m > 0 for m in rep["peak_rss_mb_per_node"]) and len(rep["latency_ms_all"]) == 3
+
+
+def test_engine_explicit_peers(export: Path) -> None:
+    peers = f"127.0.0.1:{_port()},127.0.0.1:{_port()}"
+    procs = []
+    for r in (0, 1):
+        cmd = [sys.executable, "-c", BLOCKED, str(export), "--rank", str(r), "--nodes", "2", "--peers", peers,
+               "--iters", "2", "--bandwidth", "100mbit", "--latency", "1ms"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    rep = json.loads(outs[0][0])
+    assert rep["latency_ms_median"] >= 2.0  # two messages, 1 ms each, one after the other
+    assert rep["bandwidth_mbit"] == 100.0
+
+
+def test_codecs_match_torch_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    from disco.runtime.transport import get_codec as torch_codec
+    from disco_edge.codecs import get_codec
+
+    x = np.random.default_rng(1).standard_normal([2, 5, 3, 4]).astype(np.float32)
+    for name in ("fp32", "fp16", "int8"):
+        for axis in (1, 2):
+            ours = get_codec(name).encode(x, axis)
+            theirs = torch_codec(name).encode(torch.from_numpy(x), axis).numpy()
+            assert ours.tobytes() == theirs.tobytes(), (name, axis)
+            assert len(ours) == get_codec(name).nbytes(x.shape, axis) == torch_codec(name).nbytes(x.shape, axis)
+            back = get_codec(name).decode(ours, x.shape, axis)
+            ref = torch_codec(name).decode(torch.from_numpy(theirs.copy()), x.shape, axis).numpy()
+            np.testing.assert_array_equal(back, ref)
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert lines and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_bad_inputs_refused(tmp_path: Path, export: Path) -> None:
+    other = tmp_path / "swap"
+    build(other)
+    (other / "rank0" / "schedule.json").write_text((other / "rank1" / "schedule.json").read_text())
+    codes, errs, _ = run_nodes(other, "--startup-timeout", "2")
+    assert codes[0] == 2 and "rank 1's folder" in _one_line(errs[0])
+    bad = tmp_path / "hash"
+    build(bad)
+    with open(bad / "rank1" / "seg0.onnx", "ab") as f:
+        f.write(b"\0")
+    codes, errs, _ = run_nodes(bad, "--startup-timeout", "2")
+    assert codes[1] == 2 and "sha256 differs" in _one_line(errs[1])
+
+
+def test_wrong_token_and_size_and_self_test(tmp_path: Path, export: Path) -> None:
+    codes, errs, _ = run_nodes(export, "--startup-timeout", "3",
+                               env={0: {"DISCO_RUN_TOKEN": "a"}, 1: {"DISCO_RUN_TOKEN": "b"}})
+    assert codes[0] == 2 and "another run token" in _one_line(errs[0])
+    assert codes[1] in (2, 3) and "error:" in errs[1]
+    short = tmp_path / "short"
+    build(short, recv_shape=[1, 3, 3, 3])
+    codes, errs, _ = run_nodes(short)
+    assert codes[0] == 3 and "has 144 bytes, the schedule says 108" in _one_line(errs[0])
+    wrong = tmp_path / "wrong"
+    build(wrong, wrong_ref=True)
+    codes, errs, _ = run_nodes(wrong)
+    assert codes == [3, 3]
+    assert "self-test" in _one_line(errs[0]) and "rank 0" in _one_line(errs[1])
+
+
+def test_disco_run_dispatches_onnx_export(export: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "disco.cli", "run", str(export), "--nodes", "2", "--json",
+                          "--iters", "2", "--warmup", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["engine"] == "onnxruntime" and rep["torch_in_node"] == [False, False]  # not blocked: never imported
+    assert rep["bytes_sent_total"] == rep["bytes_predicted"] and rep["max_rel_err_vs_single_process"] <= 1e-6
+
+
+def test_engine_imports_no_torch_nor_disco() -> None:
+    code = ("import sys, disco_edge.node, disco_edge.engine, disco_edge.transport, disco_edge.bundle; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'disco')]; assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+def test_real_onnx_export_runs_with_torch_blocked(tmp_path: Path) -> None:
+    """cifar_resnet8 N=2 r=0.2 exported by `disco export --format onnx`, both nodes with torch blocked: the
+    output matches the model's own forward and link bytes equal the cost model's, at fp32 and int8."""
+    d = tmp_path / "r8"
+    out = subprocess.run([sys.executable, "-m", "disco.cli", "export", "cifar_resnet8", "--nodes", "2", "--ratio",
+                          "0.2", "--format", "onnx", "--out", str(d)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    man = json.loads((d / "manifest.json").read_text())
+    for codec, scale in (("fp32", 4), ("int8", 1)):
+        codes, errs, rep = run_nodes(d, "--codec", codec, "--max-rel-err", "1e-4" if codec == "fp32" else "0.02")
+        assert codes == [0, 0], errs
+        assert rep["torch_in_node"] == [False, False] and rep["engine"] == "onnxruntime"
+        assert rep["bytes_sent_total"] == man["bytes_predicted"] // 4 * scale == rep["bytes_predicted"]
+        assert rep["messages_per_inference"] == man["messages_per_inference"]
+        assert rep["max_rel_err_vs_single_process"] <= (1e-4 if codec == "fp32" else 0.02)
+
+
+def test_killed_peer_is_named_fast(export: Path) -> None:
+    """A peer killed mid-run: rank 0 names it within seconds (its connection closed), far under --timeout."""
+    import signal
+    import time
+
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, "-c", BLOCKED, str(export), "--rank", str(r), "--nodes", "2",
+                               "--leader", f"127.0.0.1:{port}", "--iters", "10000000", "--timeout", "60"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    time.sleep(4)
+    assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+    procs[1].send_signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    _, err = procs[0].communicate(timeout=30)
+    procs[1].communicate()
+    assert procs[0].returncode == 3 and time.monotonic() - t0 < 10
+    assert "lost rank 1" in _one_line(err)
+
+
+def test_peer_list_and_missing_onnxruntime_refused(export: Path) -> None:
+    one = subprocess.run([sys.executable, "-c", BLOCKED, str(export), "--rank", "0", "--nodes", "2", "--peers",
+                          f"127.0.0.1:{_port()}"], capture_output=True, text=True, timeout=60)
+    assert one.returncode == 2 and "--peers lists 1 addresses for 2 nodes" in _one_line(one.stderr)
+    no_ort = BLOCKED.replace("sys.modules['torch'] = None", "sys.modules['onnxruntime'] = None")
+    out = subprocess.run([sys.executable, "-c", no_ort, str(export), "--rank", "1", "--nodes", "2", "--leader",
+                          f"127.0.0.1:{_port()}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "onnxruntime is not installed" in _one_line(out.stderr)
