@@ -159,3 +159,34 @@ def test_paper_profile_states_what_is_reproduced_from_the_data():
     assert "| resnet50 | 2 | 0.164 | 1/5.1 | 0.55 | 0.26 | - | - |" in text
     assert "at 84.20 +- 0.20 top-1 (-1.80 points against dense 86.00; 3 seeds)" in text
     assert "Not reproduced: the paper's ImageNet ResNet-50 accuracy" in text
+
+
+def test_edge_section_states_the_memory_and_speed_targets_from_the_data():
+    from recipes.pages import edge
+
+    def split(engine, n, r, budget, bw, ms, rss, weights=10 * 2**20):
+        return {"model": "resnet50", "what": "split", "engine": engine, "nodes": n, "target_ratio": r,
+                "budget": budget, "bandwidth": bw, "latency_ms_median": ms, "peak_rss_mb_per_node": [rss, rss - 1],
+                "weight_bytes_per_node": [weights, weights], "torch_in_node": [engine == "torch"] * 2,
+                "messages_per_inference": 10, "bytes_sent_total": 5000}
+
+    entries = [{"model": "resnet50", "what": "single", "engine": "torch", "latency_ms_median": 100.0,
+                "peak_rss_mb": 700.0, "torch_in_process": True},
+               {"model": "resnet50", "what": "single", "engine": "onnx", "latency_ms_median": 60.0,
+                "peak_rss_mb": 200.0, "torch_in_process": False},
+               split("onnx", 2, 0.2, "global", "none", 50.0, 80.0),
+               split("torch", 2, 0.2, "global", "none", 70.0, 720.0),
+               split("onnx", 2, 0.2, "global", "100mbit", 40.0, 80.0),
+               split("onnx", 2, 1.0, "global", "100mbit", 200.0, 90.0),
+               split("onnx", 2, 0.2, "joint", "none", 45.0, 120.0)]
+    text = edge.page_section({edge.EDGE: entries, edge.PINGPONG: {"rows": [
+        {"transport": "zmq", "bytes": 1024, "one_way_ms": 0.06}]}})
+    assert "| N=2 r=0.2 global | ONNX Runtime | 2 | 80 | 10.00 | no | 50.0 | - | 40.0 | - | 10 | 5.0 |  |" in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("- ")]
+    assert "**met**" in lines[0] and "(80 MB against 10 + 80)" in lines[0]
+    assert "**met**" in lines[1] and "0.11x" in lines[1]
+    assert "**not met**" in lines[2] and "(120 MB against 200: 0.60x)" in lines[2]
+    assert "**met**" in lines[3] and "5.00x" in lines[3]
+    assert "**met**" in lines[4] and "0.060 ms" in lines[4]
+    assert "80 MB on the ONNX Runtime engine against 720 MB" in edge.headline({edge.EDGE: entries})
+    assert "**not measured yet**" in edge.page_section({edge.EDGE: entries[:1]})

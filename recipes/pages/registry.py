@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from . import architectures, choosing_split, codecs, latency_model, selection_long
+from . import architectures, choosing_split, codecs, edge, latency_model, selection_long
 from .latency import latency_bench, latency_headline, latency_short, plot_latency
 from .measured import faults_table, latency_weight_table, placement_table, planner_validation, soak_table
 from .plots import plot_cifar10, plot_cifar10_vit, plot_det, plot_seg, plot_sr
@@ -62,6 +62,8 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "selection_long_budgets": (LONG, selection_long.budgets),
     "selection_long_messages": (LONG, selection_long.latency_weight_line),
     "selection_long_verdict": (LONG, selection_long.lasso_verdict),
+    "edge": ((edge.EDGE, edge.PINGPONG), edge.page_section),
+    "edge_headline": ((edge.EDGE,), edge.headline),
     "paper_profile": ((selection_long.PROFILE, selection_long.DENSE), selection_long.paper_profile),
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),

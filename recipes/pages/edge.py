@@ -1,0 +1,121 @@
+"""The device engine side by side (bench/edge.py -> results/edge.json, bench/pingpong.py -> results/pingpong.json):
+per model, one process against N nodes on each engine, memory and latency, and issue 30's targets stated from
+the data (a target whose rows are missing says so)."""
+
+from __future__ import annotations
+
+from .md import md_table, opt
+
+EDGE, PINGPONG = "edge", "pingpong"
+BANDWIDTHS = ("none", "1gbit", "100mbit", "10mbit")
+ENGINE_NAME = {"torch": "torch", "onnx": "ONNX Runtime", "onnxruntime": "ONNX Runtime"}
+COLUMNS = ["run", "engine", "processes", "peak RSS per process (MB)", "weights per node (MB)",
+           "torch in node", "unshaped (ms)", "1 Gbit/s (ms)", "100 Mbit/s (ms)", "10 Mbit/s (ms)", "messages",
+           "KB sent", "error"]
+
+
+def _setting(e: dict) -> str:
+    if e["what"] == "single":
+        return "dense, one process"
+    split = "dense split" if e["target_ratio"] >= 1 else f"r={e['target_ratio']:g} {e['budget']}"
+    return f"N={e['nodes']} {split}"
+
+
+def _rows(entries: list[dict], model: str) -> list[list[object]]:
+    """One row per (setting, engine); the bandwidths of a split are columns."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for e in entries:
+        if e["model"] == model:
+            groups.setdefault((_setting(e), ENGINE_NAME[e["engine"]]), {})[e.get("bandwidth") or "none"] = e
+    rows = []
+    for (setting, engine), by_bw in groups.items():
+        first = by_bw.get("none") or next(iter(by_bw.values()))
+        rss = first.get("peak_rss_mb_per_node") or ([first["peak_rss_mb"]] if "peak_rss_mb" in first else None)
+        weights = first.get("weight_bytes_per_node")
+        torch_in = first.get("torch_in_node", first.get("torch_in_process"))
+        errors = sorted({e["error"][:80] for e in by_bw.values() if e.get("error")})
+        rows.append([setting, engine, len(rss) if rss else 1, opt(max(rss) if rss else None, "{:.0f}"),
+                     opt(max(weights) / 2**20 if weights else None, "{:.2f}"),
+                     "-" if torch_in is None else ("yes" if (any(torch_in) if isinstance(torch_in, list)
+                                                             else torch_in) else "no"),
+                     *[opt(by_bw[b].get("latency_ms_median") if b in by_bw else None, "{:.1f}") for b in BANDWIDTHS],
+                     opt(first.get("messages_per_inference"), "{}"),
+                     opt(first["bytes_sent_total"] / 1000 if first.get("bytes_sent_total") is not None else None,
+                         "{:.1f}"), "; ".join(errors) or ""])
+    return rows
+
+
+def _find(entries: list[dict], model: str, engine: str, what: str = "split", nodes: int | None = None,
+          ratio: float | None = None, budget: str | None = None, bandwidth: str = "none") -> dict | None:
+    for e in entries:
+        if (e["model"], ENGINE_NAME[e["engine"]], e["what"]) != (model, ENGINE_NAME[engine], what) or e.get("error"):
+            continue
+        if what == "single" or (e["nodes"], e["target_ratio"], e["budget"], e["bandwidth"]) == (
+                nodes, ratio, budget, bandwidth):
+            return e
+    return None
+
+
+def _verdict(ok: bool | None, text: str) -> str:
+    return f"- {text}: **{'not measured yet' if ok is None else ('met' if ok else 'not met')}**"
+
+
+def targets(entries: list[dict], pingpong: dict | None) -> list[str]:
+    """Issue 30's memory, speed and transport targets from the data, for resnet50 (the issue's model)."""
+    m = "resnet50"
+    onnx = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global")
+    tor = _find(entries, m, "torch", nodes=2, ratio=0.2, budget="global")
+    joint = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="joint")
+    one_ort = _find(entries, m, "onnx", "single")
+    out = []
+    if onnx:
+        rss, w = max(onnx["peak_rss_mb_per_node"]), max(onnx["weight_bytes_per_node"]) / 2**20
+        out.append(_verdict(rss <= w + 80, f"resnet50 N=2 r=0.2 ONNX engine, peak RSS per node <= weights per node "
+                                           f"+ 80 MB ({rss:.0f} MB against {w:.0f} + 80)"))
+    else:
+        out.append(_verdict(None, "resnet50 N=2 r=0.2 ONNX engine, peak RSS per node <= weights per node + 80 MB"))
+    if onnx and tor:
+        a, b = max(onnx["peak_rss_mb_per_node"]), max(tor["peak_rss_mb_per_node"])
+        out.append(_verdict(a <= 0.2 * b, f"... and <= 0.2x the torch engine's node ({a:.0f} MB against {b:.0f}: "
+                                          f"{a / b:.2f}x)"))
+    if joint and one_ort:
+        a, b = max(joint["peak_rss_mb_per_node"]), one_ort["peak_rss_mb"]
+        out.append(_verdict(a <= 0.5 * b, f"joint budget: ONNX node <= 0.5x one ONNX Runtime process of the dense "
+                                          f"model ({a:.0f} MB against {b:.0f}: {a / b:.2f}x)"))
+    dense = _find(entries, m, "onnx", nodes=2, ratio=1.0, budget="global", bandwidth="100mbit")
+    sparse = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="100mbit")
+    if dense and sparse:
+        x = dense["latency_ms_median"] / sparse["latency_ms_median"]
+        out.append(_verdict(x >= 4.7, f"100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 = {x:.2f}x (>= 4.7x)"))
+    else:
+        out.append(_verdict(None, "100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 >= 4.7x"))
+    zmq = next((r for r in (pingpong or {}).get("rows", []) if r["transport"] == "zmq" and r["bytes"] == 1024), None)
+    out.append(_verdict(None if zmq is None else zmq["one_way_ms"] <= 0.1,
+                        "transport one way, 1 KB, loopback <= 0.1 ms"
+                        + ("" if zmq is None else f" ({zmq['one_way_ms']:.3f} ms)")))
+    return out
+
+
+def page_section(data: dict) -> str:
+    """docs/edge.md's generated section: per model the table, then the targets."""
+    entries = data.get(EDGE) or []
+    parts = []
+    for model in dict.fromkeys(e["model"] for e in entries):
+        parts += [f"**{model}**", "", md_table(_rows(entries, model), COLUMNS), ""]
+    parts += ["Targets (issue 30; every ratio from one run on one host):", "", *targets(entries, data.get(PINGPONG))]
+    return "\n".join(parts)
+
+
+def headline(data: dict) -> str:
+    """The README's line: a node's memory on each engine against one process (the smallest model measured)."""
+    entries = data.get(EDGE) or []
+    for model in dict.fromkeys(e["model"] for e in entries):
+        onnx = _find(entries, model, "onnx", nodes=2, ratio=0.2, budget="global")
+        tor = _find(entries, model, "torch", nodes=2, ratio=0.2, budget="global")
+        one = _find(entries, model, "torch", "single")
+        if onnx and tor and one:
+            return (f"{model}, N=2 r=0.2: each node's peak memory is {max(onnx['peak_rss_mb_per_node']):.0f} MB on "
+                    f"the ONNX Runtime engine against {max(tor['peak_rss_mb_per_node']):.0f} MB on the torch engine "
+                    f"and {one['peak_rss_mb']:.0f} MB for one torch process running the whole model "
+                    "(bench/edge.py, [docs/edge.md](docs/edge.md)).")
+    return "No run of bench/edge.py yet (results/edge.json)."
