@@ -109,6 +109,10 @@ def test_bad_inputs_refused(tmp_path: Path, export: Path) -> None:
         f.write(b"\0")
     codes, errs, _ = run_nodes(bad, "--startup-timeout", "2")
     assert codes[1] == 2 and "sha256 differs" in _one_line(errs[1])
+    future = tmp_path / "opset"
+    build(future, opset=99)
+    codes, errs, _ = run_nodes(future, "--startup-timeout", "2")
+    assert codes[1] == 2 and "onnxruntime" in _one_line(errs[1]) and "cannot load it" in _one_line(errs[1])
 
 
 def test_wrong_token_and_size_and_self_test(tmp_path: Path, export: Path) -> None:
