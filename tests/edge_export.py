@@ -15,22 +15,24 @@ SHAPE = [1, 4, 3, 3]
 TOKEN = "toy-run-token"
 
 
-def _graph(path: Path, nodes: list[Any], inputs: list[str], outputs: list[str], inits: dict[str, np.ndarray]
-           ) -> None:
+def _graph(path: Path, nodes: list[Any], inputs: list[str], outputs: list[str], inits: dict[str, np.ndarray],
+           opset: int = 17) -> None:
     g = helper.make_graph(
         nodes, path.stem, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
         [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), path)
 
 
 def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def build(out: Path, recv_shape: list[int] | None = None, wrong_ref: bool = False) -> dict[str, Any]:
+def build(out: Path, recv_shape: list[int] | None = None, wrong_ref: bool = False, opset: int = 17
+          ) -> dict[str, Any]:
     """Rank 0 sends x to rank 1 (input), computes a = relu(x * c0); rank 1 computes b = x * c1 and sends it
-    back (links, axis 1); rank 0 adds: out = a + b. ``recv_shape``: rank 0's recv step says another shape."""
+    back (links, axis 1); rank 0 adds: out = a + b. ``recv_shape``: rank 0's recv step says another shape;
+    ``opset``: rank 1's graph's opset."""
     rng = np.random.default_rng(0)
     c0, c1 = (rng.standard_normal([1, 4, 1, 1]).astype(np.float32) for _ in range(2))
     x = rng.standard_normal(SHAPE).astype(np.float32)
@@ -39,7 +41,7 @@ def build(out: Path, recv_shape: list[int] | None = None, wrong_ref: bool = Fals
     _graph(out / "rank0" / "seg0.onnx", [helper.make_node("Mul", ["x", "c0"], ["m"]),
                                          helper.make_node("Relu", ["m"], ["a"])], ["x"], ["a"], {"c0": c0})
     _graph(out / "rank0" / "seg1.onnx", [helper.make_node("Add", ["a", "b"], ["y"])], ["a", "b"], ["y"], {})
-    _graph(out / "rank1" / "seg0.onnx", [helper.make_node("Mul", ["x", "c1"], ["b"])], ["x"], ["b"], {"c1": c1})
+    _graph(out / "rank1" / "seg0.onnx", [helper.make_node("Mul", ["x", "c1"], ["b"])], ["x"], ["b"], {"c1": c1}, opset)
     msg = {"kind": "links", "tag": 16, "axis": 1, "dtype": "float32"}
     s0 = {"format": "disco-schedule/1", "rank": 0, "nodes": 2,
           "inputs": [{"name": "x", "shape": SHAPE, "dtype": "float32"}],

@@ -109,6 +109,10 @@ def test_bad_inputs_refused(tmp_path: Path, export: Path) -> None:
         f.write(b"\0")
     codes, errs, _ = run_nodes(bad, "--startup-timeout", "2")
     assert codes[1] == 2 and "sha256 differs" in _one_line(errs[1])
+    future = tmp_path / "opset"
+    build(future, opset=99)
+    codes, errs, _ = run_nodes(future, "--startup-timeout", "2")
+    assert codes[1] == 2 and "onnxruntime" in _one_line(errs[1]) and "cannot load it" in _one_line(errs[1])
 
 
 def test_wrong_token_and_size_and_self_test(tmp_path: Path, export: Path) -> None:
@@ -188,3 +192,22 @@ def test_peer_list_and_missing_onnxruntime_refused(export: Path) -> None:
     out = subprocess.run([sys.executable, "-c", no_ort, str(export), "--rank", "1", "--nodes", "2", "--leader",
                           f"127.0.0.1:{_port()}"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "onnxruntime is not installed" in _one_line(out.stderr)
+
+
+def test_light_install_pulls_no_torch() -> None:
+    """edge/pyproject.toml (the install on each device) ships disco_edge only, needs numpy, onnxruntime and pyzmq
+    (ranges admitting the versions installed here) and never torch."""
+    from importlib.metadata import version
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    requirement = pytest.importorskip("packaging.requirements").Requirement
+
+    root = Path(__file__).resolve().parents[1]
+    proj = tomllib.loads((root / "edge" / "pyproject.toml").read_text())
+    reqs = [requirement(r) for r in proj["project"]["dependencies"]]
+    assert sorted(r.name for r in reqs) == ["numpy", "onnxruntime", "pyzmq"]
+    assert all(r.specifier.contains(version(r.name)) for r in reqs), [(r, version(r.name)) for r in reqs]
+    assert proj["tool"]["setuptools"]["packages"] == ["disco_edge"]
+    assert (root / "edge" / proj["tool"]["setuptools"]["package-dir"]["disco_edge"] / "__init__.py").is_file()
+    main = tomllib.loads((root / "pyproject.toml").read_text())
+    assert main["project"]["scripts"]["disco-node"] == proj["project"]["scripts"]["disco-node"]

@@ -21,11 +21,19 @@ from .transport import ZmqTransport
 log = logging.getLogger(__name__)
 
 
-def session(path: Any) -> Any:
-    """An ONNX Runtime CPU session with one compute thread (one thread = one device)."""
+OPT_LEVELS = ("basic", "extended", "all")
+
+
+def session(path: Any, opt: str = "basic") -> Any:
+    """An ONNX Runtime CPU session with one compute thread (one thread = one device). ``opt``: the graph
+    optimisation level; "basic" keeps one copy of the weights (the layout rewrites of "extended"/"all" hold a
+    second one: resnet18 N=2 64 px, rank 0's graphs: 80 MB peak RSS at basic, 105 MB at all)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    so.graph_optimization_level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                   "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[opt]
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -51,9 +59,9 @@ class Counters:
 class Engine:
     """One rank: its sessions, the transport and the wire codec; :meth:`infer` runs the steps once."""
 
-    def __init__(self, bundle: Bundle, transport: ZmqTransport, codec: Codec) -> None:
+    def __init__(self, bundle: Bundle, transport: ZmqTransport, codec: Codec, opt: str = "basic") -> None:
         self.b, self.tr, self.codec = bundle, transport, codec
-        self.sessions = {name: session(p) for name, p in bundle.graphs.items()}
+        self.sessions = {name: session(p, opt) for name, p in bundle.graphs.items()}
         self.io = {name: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
                    for name, s in self.sessions.items()}
         self.counters = Counters()

@@ -45,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=20.0, help="seconds for all nodes to join")
     p.add_argument("--max-rel-err", type=float,
                    help="self-test limit (default 1e-4 with fp32; unchecked with a lossy codec unless given)")
+    p.add_argument("--graph-opt", default="basic", choices=("basic", "extended", "all"),
+                   help="ONNX Runtime graph optimisation level (basic: one copy of the weights in memory)")
     p.add_argument("--threads", type=int, default=1, help="compute threads: 1 (one thread = one device)")
     p.add_argument("--io-nice", type=int, default=19, help="accepted for the torch engine's flags; unused")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks (tests only)")
@@ -109,7 +111,8 @@ class Node:
         self.tr = ZmqTransport(a.rank, a.nodes, self.b.token(), self.link, timeout=a.startup_timeout)
         parent = os.environ.get(PARENT_ENV, "")
         self.tr.parent = int(parent) if parent.isdigit() else None
-        self.engine = Engine(self.b, self.tr, self.codec)  # sessions first: a bad graph refuses before joining
+        # sessions first: a bad graph refuses before joining
+        self.engine = Engine(self.b, self.tr, self.codec, a.graph_opt)
         if a.peers is not None:
             self.tr.start_peers([p.strip() for p in a.peers.split(",")])
         else:

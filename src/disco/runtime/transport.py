@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from disco_edge.link import LinkModel  # the one link model of both engines (torch-free)
+from disco_edge.link import LinkModel, Pacing  # the one link model of both engines (torch-free)
 
 from ..errors import PeerError
 
@@ -199,8 +199,7 @@ class BaseTransport:
         self.other_bytes = 0  # input distribution and output gather
         self.stats_bytes = 0  # channel-reduction statistics (LayerNorm all-reduce)
         self.messages = 0
-        self._tx_free = 0.0
-        self._rx_free = 0.0
+        self.pacing = Pacing(self.link)  # the uplink and downlink clocks (shared with disco_edge)
         self._q: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -245,13 +244,7 @@ class BaseTransport:
                 self._q.task_done()
 
     def _downlink(self, nbytes: int) -> None:
-        if self.link.bandwidth_bps is None:
-            return
-        now = time.perf_counter()
-        avail = max(now, self._rx_free + self.link.wire_time(nbytes))
-        self._rx_free = avail
-        if avail > now:
-            time.sleep(avail - now)
+        self.pacing.downlink(nbytes)
 
     # public API
     def send(self, tag: int, dst: int, t: Tensor, links: np.ndarray | None = None, coded: bool = True,
@@ -274,10 +267,7 @@ class BaseTransport:
             self.other_bytes += n
         self.messages += 1
         if self._q is not None:
-            now = time.perf_counter()
-            start = max(now, self._tx_free)
-            self._tx_free = start + self.link.wire_time(n)
-            self._q.put((self._tx_free + self.link.latency_s, buf, dst, tag))
+            self._q.put((self.pacing.release_time(n), buf, dst, tag))
         else:
             self._post_send(buf, dst, tag)
 
