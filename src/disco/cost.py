@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .graph import REPLICATED, Partition
-from .graph.capture import shape_of
 from .graph.liveness import liveness
 from .graph.ops import OpCost
+from .graph.types import shape_of
 
 
 @dataclass

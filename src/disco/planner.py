@@ -29,8 +29,8 @@ import numpy as np
 
 from .checkpoint import is_checkpoint
 from .graph import REPLICATED, Partition
-from .graph.capture import shape_of
 from .graph.rules import Mixing
+from .graph.types import shape_of
 from .runtime import latency as lat
 from .runtime.transport import LinkModel, get_codec
 

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..graph import REPLICATED
-from ..graph.capture import shape_of
 from ..graph.ops import Flatten
+from ..graph.types import shape_of
 from .plan import MixPlan, RankPlan, local_shape
 
 log = logging.getLogger(__name__)

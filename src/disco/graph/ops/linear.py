@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from ..errors import unsupported
 from ..registry import register_function_rule, register_module_rule
+from ..types import Builder, WeightView
 from .base import arg
-from .mixing import Mixing, WeightView
-
-if TYPE_CHECKING:
-    from ..partition import Builder
+from .mixing import Mixing
 
 
 class LinearRule(Mixing):
