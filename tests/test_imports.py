@@ -133,8 +133,19 @@ def test_the_check_finds_a_cycle(tmp_path: Path) -> None:
 
 
 def test_the_package_check_finds_a_cycle(tmp_path: Path) -> None:
-    """e -> sub.b and sub.b -> c: no module cycle through e, but at the package level c, a, d and sub
-    form one (sub -> c -> a -> sub), and e only points into it."""
-    graph = package_graph(_synthetic(tmp_path), "pkg")
-    assert graph["pkg.e"] == {"pkg.sub"} and graph["pkg.sub"] == {"pkg.c"}
-    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.d", "pkg.sub"]]
+    """x.one -> y.two -> x.three: no cycle between modules, one between the packages x and y; z.py only
+    points into it."""
+    pkg = tmp_path / "pkg"
+    for sub in ("x", "y"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "x" / "one.py").write_text("from ..y import two\n")
+    (pkg / "y" / "two.py").write_text("def f():\n    from pkg.x.three import g\n")
+    (pkg / "x" / "three.py").write_text("def g():\n    pass\n")
+    (pkg / "z.py").write_text("from .x import one\n")
+    modules = import_graph(tmp_path, "pkg")
+    assert cycles(modules) == []
+    graph = package_graph(modules, "pkg")
+    assert graph == {"pkg": set(), "pkg.x": {"pkg.y"}, "pkg.y": {"pkg.x"}, "pkg.z": {"pkg.x"}}
+    assert cycles(graph) == [["pkg.x", "pkg.y"]]

@@ -24,7 +24,7 @@ from .errors import UnsupportedOpError, describe
 from .registry import rule_for, uncovered_base
 from .types import REPLICATED, Links, MixingLayer, Partition, Rule, WeightView, shape_of, tensor_args
 
-__all__ = ["check_shares", "describe", "partition", "share_sizes", "split_owner"]
+__all__ = ["check_shares", "partition", "share_sizes", "split_owner"]
 
 log = logging.getLogger(__name__)
 

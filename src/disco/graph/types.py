@@ -38,7 +38,6 @@ def tensor_args(node: fx.Node, b: Builder) -> list[fx.Node]:
     return out
 
 
-
 def shape_of(node: fx.Node) -> tuple[int, ...] | None:
     """The output shape recorded for ``node``, or None when it is not a tensor."""
     meta = node.meta.get("tensor_meta")
