@@ -110,6 +110,17 @@ def test_no_import_cycle_between_packages() -> None:
     assert found == [], "\n".join(_edges_within(graph, found))
 
 
+def test_graph_types_sit_below_rules_and_partitioner() -> None:
+    """The op rules and the partitioner meet only in ``disco.graph.types``: neither imports the other."""
+    graph = import_graph(SRC, "disco")
+    rules = {m for m in graph if m.startswith("disco.graph.ops")}
+    assert "disco.graph.ops.mixing" in rules and "disco.graph.types" in graph
+    assert graph["disco.graph.types"] == set()
+    assert not graph["disco.graph.partition"] & rules, graph["disco.graph.partition"]
+    assert all("disco.graph.partition" not in graph[m] for m in rules)
+    assert all("disco.graph.types" in graph[m] for m in ("disco.graph.partition", "disco.graph.ops.base"))
+
+
 def _synthetic(tmp_path: Path) -> dict[str, set[str]]:
     """pkg: a -> sub.b (inside a function) -> c -> a; d -> a; and a -> d under TYPE_CHECKING."""
     pkg = tmp_path / "pkg"

@@ -69,7 +69,7 @@ class LocalWithChildren(Local):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         for name, child in module.named_children():
             rule = module_rule(type(child))
-            if rule is None or rule.kind not in ("local", "view") or rule.is_mixing:
+            if rule is None or rule.kind not in ("local", "view"):
                 b.unsupported(node, f"has a child '{name}' ({type(child).__name__}) that is not a channel-local op")
         super().infer(b, node, module)
 

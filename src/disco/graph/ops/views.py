@@ -35,12 +35,13 @@ class View(Rule):
 
 class Gather(Rule):
     """A selection or permutation of channels with no compute (channel shuffle, chunk, ``x[:, a:b]``): a
-    node runs it as an index selection on its own channels (see ``Builder.set_gather``)."""
+    node runs it as an index selection on its own channels. The rules that select channels hand the node
+    to it: ``b.set_gather(..., rule=GATHER)``."""
 
     kind = "view"
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
-        raise NotImplementedError("set by other rules through Builder.set_gather")
+        raise NotImplementedError("set by other rules through Builder.set_gather(..., rule=GATHER)")
 
 
 GATHER = Gather()
