@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from .graph import REPLICATED, Partition
-from .graph.capture import shape_of
 from .graph.liveness import liveness
 from .graph.ops import OpCost
+from .graph.types import shape_of
 from .schedule import KINDS, RankSchedule, build, link_senders
 
 

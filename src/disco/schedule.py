@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .graph.capture import shape_of
-from .graph.ops.base import REPLICATED
+from .graph.types import REPLICATED, shape_of
 
 if TYPE_CHECKING:
     from .graph import Partition

@@ -70,10 +70,3 @@ def _share_attr_owners(gm: fx.GraphModule, model: nn.Module) -> None:
         if path and gm.get_submodule(path) is not model.get_submodule(path):
             gm.set_submodule(path, model.get_submodule(path))
 
-
-def shape_of(node: fx.Node) -> tuple[int, ...] | None:
-    """The output shape recorded for ``node``, or None when it is not a tensor."""
-    meta = node.meta.get("tensor_meta")
-    if meta is None or not hasattr(meta, "shape"):
-        return None
-    return tuple(meta.shape)

@@ -5,13 +5,11 @@ and the executor's frees both read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import fx
 
-if TYPE_CHECKING:
-    from .partition import Partition
+from .types import Partition
 
 
 @dataclass

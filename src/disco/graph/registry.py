@@ -12,12 +12,11 @@ may be registered by their ``"package.module.Name"``, without importing them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from torch import fx
 
-if TYPE_CHECKING:
-    from .ops.base import Rule
+from .types import Rule
 
 R = TypeVar("R")
 

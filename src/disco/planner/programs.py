@@ -10,8 +10,8 @@ import numpy as np
 
 from .. import schedule
 from ..graph import REPLICATED, Partition
-from ..graph.capture import shape_of
 from ..graph.rules import Mixing
+from ..graph.types import shape_of
 from ..runtime.transport import get_codec
 
 

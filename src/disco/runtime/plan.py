@@ -31,9 +31,9 @@ import torch
 from torch import Tensor, fx, nn
 
 from ..graph import MixingLayer, Partition
-from ..graph.capture import shape_of
 from ..graph.liveness import liveness
 from ..graph.ops import Mixing, block_weight_names, local_index
+from ..graph.types import shape_of
 from ..schedule import RankSchedule, build
 
 log = logging.getLogger(__name__)

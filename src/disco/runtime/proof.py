@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..errors import RefusedError
 from ..graph import Partition
-from ..graph.ops.base import REPLICATED
+from ..graph.types import REPLICATED
 
 log = logging.getLogger(__name__)
 

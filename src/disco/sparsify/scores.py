@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..graph.partition import MixingLayer
+from ..graph.types import MixingLayer
 from ..masks import DiscoModel
 
 

@@ -1,7 +1,7 @@
 """Op kinds, one module per kind; importing this package registers them all.
 
 To add an op kind, write one module in this folder: an object per kind (a subclass of
-:class:`~disco.graph.ops.base.Rule`, :class:`~disco.graph.ops.base.Local` or
+:class:`~disco.graph.types.Rule`, :class:`~disco.graph.ops.base.Local` or
 :class:`~disco.graph.ops.mixing.Mixing`), registered with :mod:`disco.graph.registry` at the
 bottom of the module. Every module of this folder is imported (and so registered) here.
 """
@@ -9,11 +9,12 @@ bottom of the module. Every module of this folder is imported (and so registered
 import importlib
 import pkgutil
 
-from .base import REPLICATED, Local, OpCost, Rule, Static, arg, local_index, tensor_args
+from ..types import REPLICATED, OpCost, Rule, WeightView, local_index, tensor_args
+from .base import Local, Static, arg
 from .conv import ConvRule, ConvSameRule, ConvTransposeRule
 from .linear import FunctionalLinearRule, LinearRule
 from .local import Elementwise, LocalWithChildren, PadRule
-from .mixing import Mixing, WeightView, block_weight_names
+from .mixing import Mixing, block_weight_names
 from .norms import ChannelsFirstLayerNorm, L2NormRule, MeanRule, Reduce
 from .views import (
     GATHER,

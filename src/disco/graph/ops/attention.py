@@ -20,7 +20,8 @@ from torch import Tensor, fx, nn
 
 from ..errors import UnsupportedOpError
 from ..registry import register_decomposition, register_function_rule
-from .base import Local, arg, tensor_args
+from ..types import tensor_args
+from .base import Local, arg
 
 log = logging.getLogger(__name__)
 

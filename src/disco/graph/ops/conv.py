@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,10 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from ..registry import register_module_rule
+from ..types import Builder
 from .mixing import Mixing
-
-if TYPE_CHECKING:
-    from ..partition import Builder
 
 
 class ConvRule(Mixing):

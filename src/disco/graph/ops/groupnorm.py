@@ -22,7 +22,7 @@ from .base import REPLICATED, OpCost, tensor_args
 from .norms import Reduce
 
 if TYPE_CHECKING:
-    from ..partition import Builder, Partition
+    from ..types import Builder, Partition
 
 
 class GroupNormRule(Reduce):

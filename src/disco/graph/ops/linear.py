@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from ..errors import unsupported
 from ..registry import register_function_rule, register_module_rule
+from ..types import Builder, WeightView
 from .base import arg
-from .mixing import Mixing, WeightView
+from .mixing import Mixing
 from .tokens import TOKEN_MIXING, mixes_tokens
-
-if TYPE_CHECKING:
-    from ..partition import Builder
 
 
 class LinearRule(Mixing):

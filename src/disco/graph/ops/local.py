@@ -5,18 +5,14 @@ is the kind; this module registers the ops that behave by it."""
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
 from ..registry import module_rule, register_function_rule, register_method_rule, register_module_rule
-from .base import Local, Rule, arg, tensor_args
-from .mixing import Mixing
-
-if TYPE_CHECKING:
-    from ..partition import Builder
+from ..types import Builder, Rule, tensor_args
+from .base import Local, arg
 
 
 class Elementwise(Rule):
@@ -74,7 +70,7 @@ class LocalWithChildren(Local):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         for name, child in module.named_children():
             rule = module_rule(type(child))
-            if rule is None or rule.kind not in ("local", "view") or isinstance(rule, Mixing):
+            if rule is None or rule.kind not in ("local", "view"):
                 b.unsupported(node, f"has a child '{name}' ({type(child).__name__}) that is not a channel-local op")
         super().infer(b, node, module)
 

@@ -5,55 +5,17 @@ matrix and back), the kernel a rank runs on its weight blocks, its shard of the 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, fx, nn
 
-from .base import OpCost, Rule, tensor_args
-
-if TYPE_CHECKING:
-    from ..partition import Builder, MixingLayer
+from ..types import Builder, MixingLayer, OpCost, Rule, WeightView, tensor_args
 
 
 def block_weight_names(key: str, block: int) -> tuple[str, str]:
     """The shard names of weight block ``block`` of layer ``key``: its local and its received columns."""
     return f"{key}.w{block}.local", f"{key}.w{block}.recv"
-
-
-class WeightView:
-    """A mixing op's module seen through the names of its weight and bias.
-
-    ``weight`` and ``bias`` read the module's attributes ``param`` and ``bias_name`` (so a
-    parametrized, masked weight reads masked); every other attribute (``kernel_size``,
-    ``stride``...) is the module's. For a module layer they are ``weight`` and ``bias``; a
-    functional op names the parameters it reads (``in_proj_weight`` of MultiheadAttention).
-    """
-
-    def __init__(self, module: nn.Module, path: str, param: str = "weight", bias_name: str | None = "bias") -> None:
-        self.module, self.path, self.param, self.bias_name = module, path, param, bias_name
-
-    @property
-    def weight(self) -> Tensor:
-        return getattr(self.module, self.param)
-
-    @property
-    def bias(self) -> Tensor | None:
-        return getattr(self.module, self.bias_name, None) if self.bias_name else None
-
-    def parameters(self) -> list[nn.Parameter]:
-        """The stored parameters behind weight and bias (a parametrization's original)."""
-        out = []
-        for name in (self.param, self.bias_name):
-            if name is None or getattr(self.module, name, None) is None:
-                continue
-            pz = getattr(self.module, "parametrizations", {})
-            out.append(pz[name].original if name in pz else getattr(self.module, name))
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["module"], name)
 
 
 class Mixing(Rule):
@@ -70,9 +32,9 @@ class Mixing(Rule):
         """The module and parameter names that hold this op's weight and bias."""
         return WeightView(gm.get_submodule(node.target), node.target)
 
-    def param_nodes(self, node: fx.Node) -> list[fx.Node]:
-        """Graph nodes that are this op's weight or bias (``get_attr``), not feature tensors."""
-        return []
+    def module_of(self, node: fx.Node, gm: fx.GraphModule) -> WeightView:
+        """A mixing op's :meth:`infer` sees its weight through :meth:`weight_view`."""
+        return self.weight_view(node, gm)
 
     def structure(self, module: nn.Module) -> tuple[int, int, int]:
         """(out channels, in channels, groups)."""

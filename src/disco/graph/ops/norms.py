@@ -4,18 +4,14 @@ per-position statistics), and means over non-channel dims."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from ..capture import shape_of
 from ..registry import register_function_rule, register_method_rule, register_module_rule
-from .base import REPLICATED, Local, OpCost, Rule, arg, tensor_args
-
-if TYPE_CHECKING:
-    from ..partition import Builder, Partition
+from ..types import REPLICATED, Builder, OpCost, Partition, Rule, shape_of, tensor_args
+from .base import Local, arg
 
 
 class MeanRule(Rule):

@@ -14,7 +14,7 @@ from torch import Tensor, fx, nn
 from .base import Local, tensor_args
 
 if TYPE_CHECKING:
-    from ..partition import Builder
+    from ..types import Builder
 
 
 class TokenMixing(Local):

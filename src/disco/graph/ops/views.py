@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -14,11 +13,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..registry import register_function_rule, register_method_rule, register_module_rule
-from .base import Local, Rule, Static, arg, tensor_args
+from ..types import Builder, Rule, tensor_args
+from .base import Local, Static, arg
 from .windows import kept_channel_dim
-
-if TYPE_CHECKING:
-    from ..partition import Builder
 
 
 class View(Rule):
@@ -32,19 +29,20 @@ class View(Rule):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         if x in b.csplit:
-            b.set_gather(node, x, np.arange(len(b.atoms[x])), b.cdim[x], b.csplit[x])
+            b.set_gather(node, x, np.arange(len(b.atoms[x])), b.cdim[x], b.csplit[x], rule=GATHER)
             return
         b.set_view(node, [(x, np.arange(len(b.atoms[x])))], b.cdim[x])
 
 
 class Gather(Rule):
     """A selection or permutation of channels with no compute (channel shuffle, chunk, ``x[:, a:b]``): a
-    node runs it as an index selection on its own channels (see ``Builder.set_gather``)."""
+    node runs it as an index selection on its own channels. The rules that select channels hand the node
+    to it: ``b.set_gather(..., rule=GATHER)``."""
 
     kind = "view"
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
-        raise NotImplementedError("set by other rules through Builder.set_gather")
+        raise NotImplementedError("set by other rules through Builder.set_gather(..., rule=GATHER)")
 
 
 GATHER = Gather()
@@ -96,7 +94,7 @@ class Flatten(Rule):
             if t != s[:c] + (n_ch,) + s[c + k:]:
                 b.unsupported(node, f"reshapes {s} -> {t}, whose channels span dims {c}..{c + k - 1}; only "
                                     "merging those dims back into one is supported")
-            b.set_gather(node, x, np.arange(n_ch), c)
+            b.set_gather(node, x, np.arange(n_ch), c, rule=GATHER)
             return
         kept = kept_channel_dim(s, t, c)
         if kept is not None:  # the channel dim whole, the dims around it reshaped among themselves (windows)
@@ -104,7 +102,7 @@ class Flatten(Rule):
             return
         k = len(t) - len(s) + 1
         if k > 1 and t[:c] == s[:c] and t[c + k:] == s[c + 1:] and math.prod(t[c:c + k]) == s[c]:
-            b.set_gather(node, x, np.arange(n_ch), c, tuple(t[c:c + k]))  # the channel dim split in k dims
+            b.set_gather(node, x, np.arange(n_ch), c, tuple(t[c:c + k]), rule=GATHER)  # the channel dim split in k dims
             return
         span = _merged_span(s, t)
         if span is None:
@@ -156,7 +154,7 @@ class Transpose(Rule):
                 b.unsupported(node, "moves a dim of a channel group to or from another dim")
             axes = [perm[d] - c for d in span]
             idx = np.arange(len(b.atoms[x])).reshape(sizes).transpose(axes).reshape(-1)
-            b.set_gather(node, x, idx, c, tuple(sizes[a] for a in axes))
+            b.set_gather(node, x, idx, c, tuple(sizes[a] for a in axes), rule=GATHER)
             return
         b.set(node, b.atoms[x], perm.index(c))
 
@@ -175,7 +173,7 @@ class GetItem(Rule):
             if sel is None:  # split along another dim: the piece holds every channel
                 b.set(node, b.atoms[src], b.cdim[src])
             else:
-                b.set_gather(node, src, sel, b.cdim[src])
+                b.set_gather(node, src, sel, b.cdim[src], rule=GATHER)
             return
         if not isinstance(x, fx.Node) or b.atoms.get(x) is None:
             Static().infer(b, node, module)
@@ -187,7 +185,7 @@ class GetItem(Rule):
         if c < len(idx) and idx[c] != slice(None):
             if not isinstance(idx[c], slice) or any(i != slice(None) for k, i in enumerate(idx) if k != c):
                 b.unsupported(node, "selects part of the channel dim together with other dims, or by an integer")
-            b.set_gather(node, x, np.arange(len(b.atoms[x]))[idx[c]], c)
+            b.set_gather(node, x, np.arange(len(b.atoms[x]))[idx[c]], c, rule=GATHER)
             return
         b.set(node, b.atoms[x], c - sum(isinstance(i, int) for i in idx[:c]))
 

@@ -20,7 +20,7 @@ from ..registry import register_function_rule, register_method_rule
 from .base import Local, arg, tensor_args
 
 if TYPE_CHECKING:
-    from ..partition import Builder
+    from ..types import Builder
 
 
 def kept_channel_dim(s: tuple[int, ...], t: tuple[int, ...], c: int) -> int | None:
