@@ -235,7 +235,7 @@ class _Builder:
         nd, part = self.by_name[name], self.part
         cdim, rule = part.cdim[name], part.rules[name]
         shape = shape_of(nd)
-        stats = (*shape[:cdim], *shape[cdim + 1:], getattr(rule, "stats", 2))
+        stats = rule.stats_shape(shape, cdim)  # what the rule's partial() computes
         for j in range(self.n):
             others = [i for i in range(self.n) if i != j]
             self.steps[j].append(Run(name, "partial"))

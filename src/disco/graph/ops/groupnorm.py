@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from ..capture import shape_of
 from ..registry import register_module_rule
-from .base import REPLICATED, OpCost, tensor_args
+from ..types import REPLICATED, OpCost, shape_of, tensor_args
 from .norms import Reduce
 
 if TYPE_CHECKING:
@@ -48,6 +47,10 @@ class GroupNormRule(Reduce):
             one = part.gm.get_submodule(node.target).num_groups == 1 and not (own == REPLICATED).all()
             c.stats_values = self.stats * shape_of(node)[0] * n * (n - 1) if one else 0
         return c
+
+    def stats_shape(self, shape: tuple[int, ...], cdim: int) -> tuple[int, ...]:
+        """Per sample the mean and M2 ([B, 2]); with several groups (each on one node) nothing ([B, 0])."""
+        return (shape[0], 0 if self._groups_local else 2)
 
     def partial(self, x: Tensor, cdim: int) -> Tensor:
         """Per sample: the mean and M2 over this node's channels and positions ([B, 2]); with several groups

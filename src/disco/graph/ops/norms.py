@@ -59,6 +59,11 @@ class Reduce(Local):
             c.stats_values = self.stats * (math.prod(shape_of(node)) // len(own)) * n * (n - 1)
         return c
 
+    def stats_shape(self, shape: tuple[int, ...], cdim: int) -> tuple[int, ...]:
+        """The shape of the statistics one node sends every other (:meth:`partial`'s output): ``stats`` values
+        per normalised position."""
+        return (*shape[:cdim], *shape[cdim + 1:], self.stats)
+
     def partial(self, x: Tensor, cdim: int) -> Tensor:
         """This node's per-position statistics over its own channels, ``stats`` of them on a new last dim."""
         if x.shape[cdim]:
