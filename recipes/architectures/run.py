@@ -72,6 +72,7 @@ def try_model(name: str, source: str, shape: str = SHAPE) -> dict:
         entry["exports"] = True
         proof = json.loads((Path(out) / "manifest.json").read_text()).get("proof") or {}
         entry["proof"] = ", ".join(proof.get("compared", [])) if proof.get("output_constant") else "output"
+        entry["proof_max_rel_err"] = proof.get("max_rel_err")
         r = _disco("run", out, "--nodes", str(NODES), "--json", "--warmup", "0", "--iters", "1",
                    "--timeout", "600", "--startup-timeout", "600")
         if r.stdout.strip():

@@ -32,7 +32,9 @@ def _row(e: dict) -> list[object]:
     same = e.get("bytes_sent_total") == e.get("bytes_predicted") and e.get("bytes_sent_total") is not None
     res = "ok" if e.get("ok") else f"FAILED: `{e.get('run_error', 'error above 1e-4 or bytes differ')}`"
     if e.get("proof", "output") != "output":
-        res += f" (constant output: proved on {e['proof']})"
+        proved = e.get("proof_max_rel_err")
+        res += f" (constant output: the export proved the split on {e['proof']}" + (
+            f", max rel. error {proved:.1e})" if proved is not None else ")")
     return [e["model"], e["source"], e["input_shape"], "yes", f"{e['dense_bytes'] / 1e6:.1f}",
             f"{e.get('ratio', float('nan')):.3f}",
             "n/a" if err is None else f"{err:.1e}", f"{'yes' if same else 'no'} ({e.get('bytes_sent_total')})", res]
