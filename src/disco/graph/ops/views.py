@@ -18,13 +18,16 @@ from .base import Local, Static, arg
 from .windows import kept_channel_dim
 
 
-class View(Rule):
-    """Identity-like ops (Identity, Dropout, contiguous): the output is the input."""
+class _Viewing(Rule):
+    """A view of its operand's channels: allocates nothing and may read channels split over dims."""
 
     kind = "view"
     allocates = False
-
     reads_split_channels = True
+
+
+class View(_Viewing):
+    """Identity-like ops (Identity, Dropout, contiguous): the output is the input."""
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
@@ -77,13 +80,8 @@ class Cat(Rule):
 _CAT_LOCAL = Local(flops=0)  # the rule a concatenation along a non-channel dim behaves by
 
 
-class Flatten(Rule):
+class Flatten(_Viewing):
     """flatten / view / reshape that merges a run of dims (the only reshapes supported)."""
-
-    kind = "view"
-    allocates = False
-
-    reads_split_channels = True
 
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
