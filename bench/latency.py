@@ -127,6 +127,7 @@ def key_of(e: dict[str, Any]) -> tuple:
 def single_main(name: str) -> None:
     """Child process: the whole model in plain PyTorch, 1 thread; prints one JSON line."""
     from disco.models import build_model
+    from disco.timing import median_ms
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -137,13 +138,7 @@ def single_main(name: str) -> None:
         model(x)
         first = time.perf_counter() - t0
         iters = 3 if first > 10 else 20
-        for _ in range(2):
-            model(x)
-        ts = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            model(x)
-            ts.append(time.perf_counter() - t0)
+        median = median_ms(lambda: model(x), iters)
     n_params = sum(p.numel() for p in model.parameters())
     extra = {}
     post = _post_processor(model)
@@ -156,7 +151,7 @@ def single_main(name: str) -> None:
                 post.detect(out, tuple(x.shape[-2:]))
                 pts.append(time.perf_counter() - t0)
         extra["post_ms"] = float(np.median(pts) * 1e3)
-    print(json.dumps({**extra, "latency_ms_median": float(np.median(ts) * 1e3), "n_timed": iters,
+    print(json.dumps({**extra, "latency_ms_median": median, "n_timed": iters,
                       "peak_rss_mb": peak_rss_mb(),
                       "weight_bytes": n_params * 4, "params": n_params}))
 

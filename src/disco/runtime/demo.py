@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..graph import Partition
 from ..masks import DiscoModel
+from ..timing import median_ms
 from .export import export
 from .launch import launch
 
@@ -30,14 +29,7 @@ def _single_ms(dm: DiscoModel, x: torch.Tensor, iters: int = 20) -> float:
 
 def _time(dm: DiscoModel, x: torch.Tensor, iters: int) -> float:
     with torch.no_grad():
-        for _ in range(3):
-            dm(x)
-        ts = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            dm(x)
-            ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+        return median_ms(lambda: dm(x), iters, warmup=3)
 
 
 def run_demo(dm: DiscoModel, part: Partition, model_spec: dict[str, Any], bandwidth: str = "100mbit",
