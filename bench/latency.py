@@ -1,7 +1,7 @@
 """Latency benchmark: one process vs dense within-layer parallelism vs DISCO vs separated branches.
 
     .venv/bin/python -m bench.latency --quick                     # cifar_resnet8, N=2, a few settings
-    .venv/bin/python -m bench.latency --budget-minutes 30         # the sweep of issue 3 (resumable)
+    .venv/bin/python -m bench.latency --time-limit-minutes 30         # the sweep of issue 3 (resumable)
     .venv/bin/python -m bench.latency --report                    # README tables + plot from the JSON only
 
 Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
@@ -565,7 +565,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="cifar_resnet8, N=2, a few settings (development)")
     p.add_argument("--out", default=None, help="JSON file (default results/latency.json, "
                    "results/latency_quick.json with --quick)")
-    p.add_argument("--budget-minutes", type=float, default=600.0, help="stop measuring after this long; the "
+    p.add_argument("--time-limit-minutes", type=float, default=600.0, help="stop measuring after this long; the "
                    "rest gets the latency model's prediction only")
     p.add_argument("--models", default="resnet50,cifar_resnet20")
     p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
@@ -589,7 +589,7 @@ def main() -> None:
     if not a.report:
         models = ["cifar_resnet8"] if a.quick else [m for m in a.models.split(",") if m]
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        sweep = Sweep(out, a.budget_minutes * 60, a.quick, a.fresh, not a.no_tc)
+        sweep = Sweep(out, a.time_limit_minutes * 60, a.quick, a.fresh, not a.no_tc)
         jobs = task_jobs(models) if set(models) <= set(TASK_MODELS) else job_list(models, a.quick)
         if a.keys_from:
             jobs = only_measured_in(jobs, Path(a.keys_from))
