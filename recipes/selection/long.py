@@ -95,6 +95,7 @@ def collect(runs: Path, result: Path) -> None:
     for e in entries:
         e.setdefault("lasso_weight", "bytes")  # runs from before the options existed: bytes, no message charge
         e.setdefault("latency_weight", 0.0)
+        e.setdefault("setting", "protocol")
     out = [{k: e.get(k) for k in FIELDS} for e in entries]
     out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["lasso_weight"],
                             e["latency_weight"], e["train_images_seen"] or 0, e["seed"]))
