@@ -184,8 +184,8 @@ def test_edge_section_states_the_memory_and_speed_targets_from_the_data():
     assert "| N=2 r=0.2 global | ONNX Runtime | 2 | 80 | 10.00 | no | 50.0 | - | 40.0 | - | 10 | 5.0 |  |" in text
     lines = [ln for ln in text.splitlines() if ln.startswith("- ")]
     assert "**met**" in lines[0] and "(80 MB against 10 + 80)" in lines[0]
-    assert "**met**" in lines[1] and "0.11x" in lines[1]
-    assert "**not met**" in lines[2] and "(120 MB against 200: 0.60x)" in lines[2]
+    assert "**met**" in lines[1] and "0.111x" in lines[1]
+    assert "**not met**" in lines[2] and "(120 MB against 200: 0.600x)" in lines[2]
     assert "**met**" in lines[3] and "5.00x" in lines[3]
     assert "**met**" in lines[4] and "0.060 ms" in lines[4]
     assert "80 MB on the ONNX Runtime engine against 720 MB" in edge.headline({edge.EDGE: entries})

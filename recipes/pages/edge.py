@@ -77,11 +77,11 @@ def targets(entries: list[dict], pingpong: dict | None) -> list[str]:
     if onnx and tor:
         a, b = max(onnx["peak_rss_mb_per_node"]), max(tor["peak_rss_mb_per_node"])
         out.append(_verdict(a <= 0.2 * b, f"... and <= 0.2x the torch engine's node ({a:.0f} MB against {b:.0f}: "
-                                          f"{a / b:.2f}x)"))
+                                          f"{a / b:.3f}x)"))
     if joint and one_ort:
         a, b = max(joint["peak_rss_mb_per_node"]), one_ort["peak_rss_mb"]
         out.append(_verdict(a <= 0.5 * b, f"joint budget: ONNX node <= 0.5x one ONNX Runtime process of the dense "
-                                          f"model ({a:.0f} MB against {b:.0f}: {a / b:.2f}x)"))
+                                          f"model ({a:.0f} MB against {b:.0f}: {a / b:.3f}x)"))
     dense = _find(entries, m, "onnx", nodes=2, ratio=1.0, budget="global", bandwidth="100mbit")
     sparse = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="100mbit")
     if dense and sparse:
