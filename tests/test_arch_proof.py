@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from reference import randomize_bn
+from reference import StdConv, randomize_bn
 from torch import nn
 
 from disco.errors import RefusedError
@@ -18,15 +17,6 @@ from disco.graph import partition
 from disco.masks import DiscoModel
 from disco.runtime.export import compare_reference, export
 from disco.runtime.proof import run_error, spread
-
-
-class StdConv(nn.Conv2d):
-    """A Conv2d whose forward standardises its weights (the partition reads it as a plain convolution)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + 1e-5)
-        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class ZeroHead(nn.Module):

@@ -4,21 +4,15 @@ on a tiny model using each, and refusal by name of what no rule describes."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import randomize_bn, reference_forward, rel_err
+from reference import check_invariants, randomize_bn, rel_err
 from torch import nn
 
-from disco.cost import estimate
 from disco.graph import UnsupportedOpError, partition
-from disco.graph.capture import capture
 from disco.masks import DiscoModel
-from disco.runtime.local import simulate
-from disco.runtime.plan import RankPlan
 
 timm_layers = pytest.importorskip("timm.layers")
 tv_ops = pytest.importorskip("torchvision.ops")
@@ -136,21 +130,7 @@ def test_invariant1_all_links_equals_original(name: str, nodes: int) -> None:
 @pytest.mark.parametrize("nodes", [2, 3])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_invariants_2_to_4_and_the_masks(name: str, nodes: int) -> None:
-    model, x = _model(name, seed=1)
-    plain = copy.deepcopy(model)
-    part = partition(model, x, nodes)
-    kept = np.random.default_rng(nodes).random(part.n_links) < 0.4
-    dm = DiscoModel(model, part, kept).eval()
-    with torch.no_grad():
-        ref = dm(x)
-        # the masks compute what nodes compute when each sees only its own and received channels
-        assert rel_err(ref, reference_forward(part, capture(plain, x), kept, x)) < 1e-5
-    out, trs = simulate(part, kept, x, timeout=20)
-    assert rel_err(out, ref) < 1e-4  # invariant 2
-    rep = estimate(part, kept)
-    assert sum(t.payload_bytes for t in trs) == rep.bytes > 0  # invariant 3
-    params = [RankPlan(part, kept, j).shard_from(part.gm)[1] for j in range(nodes)]
-    assert params == rep.params_per_node  # invariant 4
+    check_invariants(*_model(name, seed=1), nodes)
 
 
 def test_channel_shuffle_is_a_permutation_and_moves_no_channel() -> None:

@@ -11,23 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from reference import randomize_bn
+from reference import StdConv, randomize_bn
 from torch import nn
 
 from disco.graph import partition
 from disco.masks import DiscoModel
 from disco.models import build_model, register_model
 from disco.runtime.export import ExportProofError, export, load_node
-
-
-class StdConv(nn.Conv2d):
-    """A Conv2d subclass whose forward standardises its weights first (as timm's StdConv2d)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + 1e-5)
-        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class Tiny(nn.Module):
