@@ -49,8 +49,7 @@ import json, sys, time
 sys.modules["torch"] = None  # this process must never import torch
 import numpy as np
 import onnxruntime as ort
-sys.path.insert(0, sys.argv[3])
-from disco_procstat import peak_rss_mb, torch_loaded
+from disco_edge.procstat import peak_rss_mb, torch_loaded
 opt = ort.SessionOptions(); opt.intra_op_num_threads = 1; opt.inter_op_num_threads = 1
 sess = ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"])
 inp = sess.get_inputs()[0]
@@ -80,10 +79,7 @@ def single_torch(model: str, shape: tuple[int, ...], iters: int) -> dict[str, An
 
 
 def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path) -> dict[str, Any]:
-    """The dense model exported to ONNX here, run in a process that blocks torch (procstat is copied beside it:
-    importing it from the disco package would import torch)."""
-    import shutil
-
+    """The dense model exported to ONNX here, run in a process that blocks torch."""
     import torch
 
     from disco.models import build_model
@@ -93,8 +89,7 @@ def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path) -> di
         torch.manual_seed(0)
         torch.onnx.export(build_model(model).eval(), (torch.randn(shape),), str(path), dynamo=False,
                           input_names=["x"], output_names=["y"])
-    shutil.copy(ROOT / "src" / "disco" / "procstat.py", work / "disco_procstat.py")
-    return _json_run([sys.executable, "-c", SINGLE_ORT, str(path), str(iters), str(work)], 3600)
+    return _json_run([sys.executable, "-c", SINGLE_ORT, str(path), str(iters)], 3600)
 
 
 def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work: Path) -> Path:

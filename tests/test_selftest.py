@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from disco import procstat
 from disco.runtime import hooks
+from disco_edge import procstat  # the module itself (disco.procstat re-exports it)
 
 ROOT = Path(__file__).resolve().parents[1]
 

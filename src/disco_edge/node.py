@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EXIT_FAILED, Failed, Refused
+from .procstat import peak_rss_mb, torch_loaded
 
 log = logging.getLogger("disco_edge")
 PARENT_ENV = "DISCO_LAUNCHER_PID"  # set by disco run's launcher (as disco.runtime.node)
@@ -54,19 +55,6 @@ def parser() -> argparse.ArgumentParser:
     for name in UNSUPPORTED:
         p.add_argument("--" + name, help=argparse.SUPPRESS)
     return p
-
-
-def peak_rss_mb() -> float:
-    """This process's own peak resident set (VmHWM), in MB."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def check_args(a: argparse.Namespace) -> None:
@@ -162,8 +150,7 @@ class Node:
         return {"lat": lat[a.warmup:]}
 
     def stats(self) -> dict[str, Any]:
-        torch_in = sys.modules.get("torch") is not None  # None: blocked from import
-        return {"rank": self.a.rank, "peak_rss_mb": peak_rss_mb(), "torch_in_node": torch_in,
+        return {"rank": self.a.rank, "peak_rss_mb": peak_rss_mb(), "torch_in_node": torch_loaded(),
                 "weight_bytes": self.b.weight_bytes, **self.engine.counters.as_dict()}
 
 
