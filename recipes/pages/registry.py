@@ -75,14 +75,11 @@ WHOLE_PAGES: dict[str, tuple[str, Callable[[object, Path], str]]] = {
     "docs/choosing-a-split.md": ("plan_resnet50", lambda data, results: choosing_split.page(data)),
     "docs/latency-model.md": ("latency_model", latency_model.page),
 }
+_SAME_NAME_PLOTS = dict(cifar10_resnet=plot_cifar10, cifar10_vit=plot_cifar10_vit, sr_rrdbnet=plot_sr,
+                        seg_deeplabv3plus=plot_seg, det_ssd=plot_det, latency=plot_latency,
+                        cifar10_selection=plot_selection)  # results/NAME.png from results/NAME.json
 PLOTS: dict[str, tuple[Source, Callable[[object, Path], None]]] = {
-    "cifar10_resnet": ("cifar10_resnet", plot_cifar10),
-    "cifar10_vit": ("cifar10_vit", plot_cifar10_vit),
-    "sr_rrdbnet": ("sr_rrdbnet", plot_sr),
-    "seg_deeplabv3plus": ("seg_deeplabv3plus", plot_seg),
-    "det_ssd": ("det_ssd", plot_det),
-    "latency": ("latency", plot_latency),
-    "cifar10_selection": ("cifar10_selection", plot_selection),
+    **{name: (name, plot) for name, plot in _SAME_NAME_PLOTS.items()},
     "cifar10_selection_long": (LONG, selection_long.plot),
 }
 MARKER = re.compile(r"(<!-- table:(\w+) -->\n).*?(<!-- /table:\2 -->)", re.S)

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import signal
 
+from disco_edge.errors import EXIT_FAILED, EXIT_REFUSED, Failed, PeerLost, Refused  # the torch-free engine's bases
+
 EXIT_OK = 0
-EXIT_REFUSED = 2
-EXIT_FAILED = 3
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REFUSED", "Interrupted", "LaunchError", "PeerError", "RefusedError",
            "RunFailure", "ShardError", "UnsupportedOpError", "exit_code"]
 
 
-class RefusedError(ValueError):
+class RefusedError(Refused):
     """Refused input (value, file, shard, manifest, checkpoint, dataset, model): nothing was computed."""
-
-    exit_code = EXIT_REFUSED
 
 
 class UnsupportedOpError(RefusedError):
@@ -38,18 +36,12 @@ class ShardError(RefusedError):
     """A node's shard or the manifest does not verify (another model, another N, a damaged file)."""
 
 
-class RunFailure(RuntimeError):
+class RunFailure(Failed):
     """A failure during a run: a lost or silent peer, a start-up that did not complete, a wrong answer."""
 
-    exit_code = EXIT_FAILED
 
-
-class PeerError(RunFailure):
+class PeerError(RunFailure, PeerLost):
     """A peer died, closed its connection or stopped answering (``peer``: its rank)."""
-
-    def __init__(self, rank: int, why: str) -> None:
-        super().__init__(f"lost rank {rank}: {why}")
-        self.peer = rank
 
 
 class LaunchError(RunFailure):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
@@ -61,6 +60,8 @@ class ConvSameRule(ConvRule):
 class ConvTransposeRule(ConvRule):
     """Weight [in, out/groups, k...]: entry (i, o') connects input i to output g(i)*out/g + o'."""
 
+    in_major = True
+
     def macs_per_connection(self, b: Builder, node: fx.Node, x: fx.Node, m: nn.Module) -> int:
         return math.prod(m.kernel_size) * math.prod(b.shape(x)[2:]) * b.shape(x)[0]
 
@@ -79,13 +80,6 @@ class ConvTransposeRule(ConvRule):
         o, i, g = self.structure(m)
         sel = mat[self._rows(m).to(mat.device), torch.arange(i, device=mat.device)[:, None]]  # [i, o/g]
         return sel.reshape(i, o // g, *([1] * len(m.kernel_size))).expand_as(m.weight)
-
-    def take(self, m: nn.Module, w: Tensor, rows: np.ndarray, cols: np.ndarray, group: int, og: int, ig: int
-             ) -> Tensor:
-        return w[torch.as_tensor(cols)][:, torch.as_tensor(rows - group * og)]
-
-    def take_depthwise(self, m: nn.Module, w: Tensor, rows: np.ndarray, ins: np.ndarray) -> Tensor:
-        return w[torch.as_tensor(ins)]
 
     def apply(self, m: nn.Module, x: Tensor, w: Tensor, bias: Tensor | None, groups: int = 1) -> Tensor:
         fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[len(m.kernel_size) - 1]

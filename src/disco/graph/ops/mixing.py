@@ -75,14 +75,19 @@ class Mixing(Rule):
         w = module.weight
         return math.prod(w.shape[2:]) if w.dim() > 2 else 1
 
+    in_major = False  # the weight is [in, out/groups, ...] (a transposed convolution), not [out, in/groups, ...]
+
     def take(self, m: nn.Module, w: Tensor, rows: np.ndarray, cols: np.ndarray, group: int, og: int, ig: int
              ) -> Tensor:
-        """The [rows x cols] block of ``w`` (global channel indices, all in group ``group``)."""
+        """The block of ``w`` for outputs ``rows`` and inputs ``cols`` (global channel indices, all in group
+        ``group``): [rows x cols], or [cols x rows] for an input-major weight."""
+        if self.in_major:
+            return w[torch.as_tensor(cols)][:, torch.as_tensor(rows - group * og)]
         return w[torch.as_tensor(rows)][:, torch.as_tensor(cols - group * ig)]
 
     def take_depthwise(self, m: nn.Module, w: Tensor, rows: np.ndarray, ins: np.ndarray) -> Tensor:
         """The weight of a depthwise op for output channels ``rows`` (reading input channels ``ins``)."""
-        return w[torch.as_tensor(rows)]
+        return w[torch.as_tensor(ins if self.in_major else rows)]
 
     # ---- the kernel a rank runs -----------------------------------------------------------------
 
