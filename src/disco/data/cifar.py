@@ -122,7 +122,7 @@ def load_cifar10(root: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:
             d = np.load(cache)
             return d["x"], d["y"]
         x, y = _read_tar(tar)
-        tmp = cache.with_suffix(".tmp.npz")
+        tmp = cache.with_suffix(f".tmp{os.getpid()}.npz")  # processes that build the cache at once each write theirs
         np.savez(tmp, x=x, y=y)
         tmp.replace(cache)
         return x, y
