@@ -103,22 +103,23 @@ def test_groups_or_weights_computed_in_the_graph_are_refused(how: str, msg: str)
         partition(_Refused(how), (1, 3, 4, 4), 2)
 
 
-def test_onnx_export_is_proved(tmp_path: Path) -> None:
-    """The functional one-group model exported as ONNX segments: proved within 1e-4 in onnxruntime, and its
-    schedules send the predicted link bytes and statistics."""
+@pytest.mark.parametrize("name", FUNCTIONAL)
+def test_onnx_export_is_proved(tmp_path: Path, name: str) -> None:
+    """The functional models exported as ONNX segments: proved within 1e-4 in onnxruntime, and their schedules
+    send the predicted link bytes and statistics."""
     from disco.runtime.onnx_export import export_onnx
 
-    model, x = _model("test_gn_functional_1")
+    model, x = _model(name)
     part = partition(model, x, 2)
     kept = np.random.default_rng(1).random(part.n_links) < 0.4
-    man = export_onnx(DiscoModel(model, part, kept), part, kept, tmp_path, {"name": "test_gn_functional_1",
-                                                                              "kwargs": {}})
+    man = export_onnx(DiscoModel(model, part, kept), part, kept, tmp_path, {"name": name, "kwargs": {}})
     assert man["max_rel_err_onnx"] <= 1e-4
     rep = estimate(part, kept)
     sends = [s for j in range(2) for s in json.loads((tmp_path / f"rank{j}" / "schedule.json").read_text())["steps"]
              if s["op"] == "send"]
     sent = {k: sum(int(np.prod(s["shape"])) * 4 for s in sends if s["kind"] == k) for k in ("links", "stats")}
-    assert sent == {"links": rep.bytes, "stats": rep.stats_bytes} and rep.stats_bytes > 0
+    assert sent == {"links": rep.bytes, "stats": rep.stats_bytes}
+    assert rep.stats_bytes == _one_group_stats_bytes(model, 2)
 
 
 @pytest.mark.dist
