@@ -140,8 +140,8 @@ class Executor:
     def _node(self, nd: fx.Node) -> Any:
         """An ordinary op on this rank's channels."""
         plan, env, name = self.plan, self._env, nd.name
-        if nd.op == "get_attr":  # a mixing op's own weight is in its blocks, not here
-            return None if name in plan.part.param_nodes else self.w[f"attr.{nd.target}"]
+        if nd.op == "get_attr":
+            return self._attr(nd)
         if name in plan.gather_local:
             src, pos = plan.gather_local[name]
             return env[src].index_select(plan.part.cdim[src], pos)
@@ -152,13 +152,20 @@ class Executor:
             src = next(a for a in nd.all_input_nodes if plan.part.owner.get(a.name) is not None)
             return env[src.name].reshape(local_shape(plan, name, len(plan.local[name])))
 
-        def get(a: fx.Node) -> Any:
-            v = env[a.name]
-            idx = plan.conform.get((name, a.name))
-            return v if idx is None else v.index_select(plan.part.cdim[a.name], idx)
-
-        args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), get)
+        args, kwargs = fx.node.map_arg((nd.args, nd.kwargs), lambda a: self._operand(name, a))
         return self._call(nd, args, kwargs)
+
+    def _attr(self, nd: fx.Node) -> Tensor | None:
+        """The tensor of a ``get_attr`` node (a mixing op's own weight is in its blocks, not here)."""
+        return None if nd.name in self.plan.part.param_nodes else self.w[f"attr.{nd.target}"]
+
+    def _operand(self, name: str, a: fx.Node) -> Any:
+        """Operand ``a`` of op ``name`` as this rank holds it, cut to the op's channels where it holds more
+        (a replicated per-channel weight: :attr:`RankPlan.conform`). A weight is read from the rank's weights,
+        not the environment (in an ONNX export it is a constant of the segment that reads it)."""
+        v = self._attr(a) if a.op == "get_attr" else self._env[a.name]
+        idx = self.plan.conform.get((name, a.name))
+        return v if idx is None else v.index_select(self.plan.part.cdim[a.name], idx)
 
     def _local(self, nd: fx.Node) -> Any:
         """The local half of a mixing op: runs while remote channels are in flight."""
@@ -215,9 +222,13 @@ class Executor:
         parts = [env.pop(f"{nd.name}@stats" if k == j else f"{nd.name}@stats:{k}>{j}") for k in range(plan.part.nodes)]
         st = torch.stack(parts)  # [N, ..., stats]
         counts = torch.as_tensor(np.bincount(plan.part.owner[nd.name], minlength=plan.part.nodes), dtype=st.dtype)
-        mod = (self.mods.get(nd.name) or self.gm.get_submodule(nd.target)) if nd.op == "call_module" else None
+        rule = plan.part.rules[nd.name]
+        if nd.op == "call_module":
+            mod = self.mods.get(nd.name) or self.gm.get_submodule(nd.target)
+        else:  # a function: what the rule reads of its arguments on this rank (F.group_norm's weight)
+            mod = rule.function_module(nd, *fx.node.map_arg((nd.args, nd.kwargs), lambda a: self._operand(nd.name, a)))
         x = self._env[nd.all_input_nodes[0].name]
-        return plan.part.rules[nd.name].finish(mod, nd, x, plan.part.cdim[nd.name], st, counts)
+        return rule.finish(mod, nd, x, plan.part.cdim[nd.name], st, counts)
 
     def _gather_out(self, nd: fx.Node) -> Any:
         """The leader's whole output ``name@full``: its own channels and the received ones, in channel order."""

@@ -143,11 +143,12 @@ class RankPlan:
                 ex.recv_perm = torch.as_tensor(np.argsort(np.concatenate(order), kind="stable"))
         # mixing ops
         self.mix: dict[str, MixPlan] = {ly.node: self._mix_plan(ly) for ly in part.layers}
-        # channel-local ops whose operands hold other channels than their output (a replicated operand)
+        # channel-local ops and reductions whose operands hold other channels than their output (a replicated
+        # operand: F.group_norm's weight)
         self.conform: dict[tuple[str, str], Tensor] = {}
         for nd in self.graph_nodes:
             rule = part.rules.get(nd.name)
-            if rule is None or rule.kind != "local" or nd.name not in self.local:
+            if rule is None or rule.kind not in ("local", "reduce") or nd.name not in self.local:
                 continue
             out_loc = self.local[nd.name]
             for a in nd.all_input_nodes:

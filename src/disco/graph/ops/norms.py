@@ -4,6 +4,7 @@ per-position statistics), and means over non-channel dims."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,12 @@ class Reduce(Local):
         else:
             mean = m2 = torch.zeros(x.shape[:cdim] + x.shape[cdim + 1:], dtype=x.dtype)
         return torch.stack([mean, m2], -1)
+
+    def function_module(self, node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """What :meth:`finish` gets as ``module`` for a function call ``node`` from its arguments as this node
+        holds them (``args``, ``kwargs``: a per-channel weight cut to its channels): None unless a rule reads
+        them (``F.group_norm``'s weight and bias)."""
+        return None
 
     def finish(self, module: nn.Module | None, node: fx.Node, x: Tensor, cdim: int, parts: Tensor,
                counts: Tensor) -> Tensor:
