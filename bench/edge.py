@@ -49,9 +49,11 @@ import json, sys, time
 sys.modules["torch"] = None  # this process must never import torch
 import numpy as np
 import onnxruntime as ort
+from disco_edge.engine import session
 from disco_edge.procstat import peak_rss_mb, torch_loaded
 opt = ort.SessionOptions(); opt.intra_op_num_threads = 1; opt.inter_op_num_threads = 1
-sess = ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"])
+sess = (session(sys.argv[1]) if sys.argv[3] == "engine"  # the nodes' own settings, or ONNX Runtime's defaults
+        else ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"]))
 inp = sess.get_inputs()[0]
 x = np.random.default_rng(0).standard_normal(inp.shape).astype(np.float32)
 iters, ts = int(sys.argv[2]), []
@@ -78,8 +80,9 @@ def single_torch(model: str, shape: tuple[int, ...], iters: int) -> dict[str, An
     return _json_run([sys.executable, "-c", SINGLE_TORCH, json.dumps(list(shape)), model, str(iters)], 3600)
 
 
-def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path) -> dict[str, Any]:
-    """The dense model exported to ONNX here, run in a process that blocks torch."""
+def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path, sessions: str) -> dict[str, Any]:
+    """The dense model exported to ONNX here, run in a process that blocks torch, its session made as the
+    engine's nodes make theirs (``sessions="engine"``) or with ONNX Runtime's defaults (``"default"``)."""
     import torch
 
     from disco.models import build_model
@@ -89,7 +92,7 @@ def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path) -> di
         torch.manual_seed(0)
         torch.onnx.export(build_model(model).eval(), (torch.randn(shape),), str(path), dynamo=False,
                           input_names=["x"], output_names=["y"])
-    return _json_run([sys.executable, "-c", SINGLE_ORT, str(path), str(iters)], 3600)
+    return _json_run([sys.executable, "-c", SINGLE_ORT, str(path), str(iters), sessions], 3600)
 
 
 def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work: Path) -> Path:
@@ -104,9 +107,9 @@ def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work
     return out
 
 
-def split_run(folder: Path, n: int, bandwidth: str, iters: int) -> dict[str, Any]:
+def split_run(folder: Path, n: int, bandwidth: str, iters: int, codec: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "disco.cli", "run", str(folder), "--nodes", str(n), "--iters", str(iters),
-           "--warmup", "2", "--json"]
+           "--warmup", "2", "--codec", codec, "--json"]
     if bandwidth != "none":
         cmd += ["--bandwidth", bandwidth]
     rep = _json_run(cmd, 3600)
@@ -116,32 +119,36 @@ def split_run(folder: Path, n: int, bandwidth: str, iters: int) -> dict[str, Any
     return {**{k: rep[k] for k in keep if k in rep}, "node_engine": rep.get("engine")}  # what the report says ran
 
 
-def plan(models: list[str], bandwidths: list[str]) -> list[dict[str, Any]]:
-    """Every measurement of the run, in order: the dense processes of a model, then its splits."""
+def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str, Any]]:
+    """Every measurement of the run, in order: the dense processes of a model, then its splits (on the wire:
+    ``codec``; fp32 also runs the fp16 setting of issue 30's speed target, N=2 r=0.2 at 1 Gbit/s)."""
     out: list[dict[str, Any]] = []
     for m in models:
-        out += [{"model": m, "what": "single", "engine": e} for e in ENGINES]
+        out += [{"model": m, "what": "single", "engine": "torch"}]
+        out += [{"model": m, "what": "single", "engine": "onnx", "sessions": s} for s in ("engine", "default")]
         out += [{"model": m, "what": "split", "engine": e, "nodes": n, "target_ratio": r, "budget": b,
-                 "bandwidth": bw} for (n, r, b) in SETTINGS for e in ENGINES for bw in bandwidths]
+                 "bandwidth": bw, "codec": c} for (n, r, b) in SETTINGS for e in ENGINES for bw in bandwidths
+                for c in (codec, "fp16") if c == codec or (codec, n, r, b, bw) == ("fp32", 2, 0.2, "global", "1gbit")]
     return out
 
 
 def key(e: dict[str, Any]) -> tuple:
-    return tuple(e.get(k) for k in ("model", "what", "engine", "nodes", "target_ratio", "budget", "bandwidth"))
+    return tuple(e.get(k) for k in ("model", "what", "engine", "sessions", "nodes", "target_ratio", "budget",
+                                    "bandwidth", "codec"))
 
 
 def measure(item: dict[str, Any], work: Path, iters: int) -> dict[str, Any]:
     shape = MODELS[item["model"]]
     if item["what"] == "single":
-        fn = single_torch if item["engine"] == "torch" else single_ort
-        res = fn(item["model"], shape, iters) if fn is single_torch else fn(item["model"], shape, iters, work)
+        res = (single_torch(item["model"], shape, iters) if item["engine"] == "torch"
+               else single_ort(item["model"], shape, iters, work, item["sessions"]))
         return {**item, **res}
     setting = (item["nodes"], item["target_ratio"], item["budget"])
     try:
         folder = export(item["model"], shape, setting, item["engine"], work)
     except subprocess.CalledProcessError as e:
         return {**item, "error": f"export: {(e.stderr or b'').decode().strip().splitlines()[-1:]}"}
-    return {**item, **split_run(folder, item["nodes"], item["bandwidth"], iters)}
+    return {**item, **split_run(folder, item["nodes"], item["bandwidth"], iters, item["codec"])}
 
 
 def main() -> None:
@@ -149,6 +156,7 @@ def main() -> None:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     p.add_argument("--bandwidths", default=",".join(BANDWIDTHS), help="'none' is unshaped")
     p.add_argument("--iters", type=int, default=10, help="timed inferences per measurement (default: 10)")
+    p.add_argument("--codec", default="fp32", choices=("fp32", "fp16", "int8"), help="on the wire (default: fp32)")
     p.add_argument("--out", default=str(ROOT / "results" / "edge.json"))
     p.add_argument("--work", help="folder for the exports (default: a temporary one)")
     a = p.parse_args()
@@ -160,7 +168,7 @@ def main() -> None:
     out = Path(a.out)
     done = json.loads(out.read_text()) if out.is_file() else []
     have = {key(e) for e in done if "error" not in e}
-    todo = [i for i in plan(models, a.bandwidths.split(",")) if key(i) not in have]
+    todo = [i for i in plan(models, a.bandwidths.split(","), a.codec) if key(i) not in have]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,19 @@ def rss_mb() -> float:
         return 0.0
 
 
+def release_free_memory() -> None:
+    """Give the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing elsewhere): loading
+    an ONNX graph frees its parsed copy of the weights, which glibc would otherwise keep resident."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):  # not glibc
+        pass
+
+
 def torch_loaded() -> bool:
     """Whether ``torch`` is imported in this process (a torch-free engine must end with False)."""
     return sys.modules.get("torch") is not None
