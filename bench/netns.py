@@ -10,13 +10,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from disco.runtime.launch import LaunchError, free_port
+from disco.runtime.launch import LaunchError, free_port, node_command
 
 NS = ["disco_bench0", "disco_bench1"]
 VETH = ["dbv0", "dbv1"]
@@ -73,7 +72,7 @@ def netns_check() -> str | None:
 
 def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float, burst: int | None = None) -> dict[str, Any]:
     """N=2, node r in namespace NS[r], the veth shaped by tbf (bucket ``burst``: see netns_setup); the leader's
-    report."""
+    report. ``d``: a torch or an ONNX export."""
     port = free_port()
     procs = []
     try:
@@ -81,12 +80,9 @@ def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float, burst: i
         with tempfile.TemporaryDirectory(prefix="disco-tc-") as tmp:
             res = Path(tmp) / "result.json"
             errs = []
-            for r in (0, 1):
+            for r in (0, 1):  # either engine: the torch node or, for an ONNX export, disco_edge
                 cmd = ["ip", "netns", "exec", NS[r], "env", f"GLOO_SOCKET_IFNAME={VETH[r]}", "OMP_NUM_THREADS=1",
-                       sys.executable, "-m", "disco.runtime.node", str(d), "--rank", str(r), "--world-size", "2",
-                       "--master-addr", "10.77.0.1", "--master-port", str(port), *opts]
-                if r == 0:
-                    cmd += ["--result", str(res)]
+                       *node_command(d, r, 2, port, opts, res if r == 0 else None, "10.77.0.1", f"10.77.0.{r + 1}")]
                 errs.append(open(Path(tmp) / f"err{r}.txt", "w+"))  # noqa: SIM115
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errs[-1]))
             deadline = time.monotonic() + timeout

@@ -211,3 +211,23 @@ def test_light_install_pulls_no_torch() -> None:
     assert (root / "edge" / proj["tool"]["setuptools"]["package-dir"]["disco_edge"] / "__init__.py").is_file()
     main = tomllib.loads((root / "pyproject.toml").read_text())
     assert main["project"]["scripts"]["disco-node"] == proj["project"]["scripts"]["disco-node"]
+
+
+@pytest.mark.slow
+def test_onnx_export_runs_on_two_network_namespaces(tmp_path: Path) -> None:
+    """The same ONNX export on two network namespaces joined by a veth pair shaped by tbf at 100 Mbit/s (root
+    and iproute2 needed): exact, bytes sent = predicted, torch in neither node."""
+    from bench.netns import launch_tc, netns_check
+
+    why = netns_check()
+    if why is not None:
+        pytest.skip(f"no network namespaces here: {why}")
+    d = tmp_path / "r8"
+    out = subprocess.run([sys.executable, "-m", "disco.cli", "export", "cifar_resnet8", "--nodes", "2", "--ratio",
+                          "0.2", "--format", "onnx", "--out", str(d)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    man = json.loads((d / "manifest.json").read_text())
+    rep = launch_tc(d, 100, ["--iters", "3", "--warmup", "1"], timeout=120)
+    assert rep["engine"] == "onnxruntime" and rep["torch_in_node"] == [False, False]
+    assert rep["bytes_sent_total"] == rep["bytes_predicted"] == man["bytes_predicted"]
+    assert rep["max_rel_err_vs_single_process"] <= 1e-4

@@ -40,15 +40,17 @@ def is_onnx_export(d: str | Path) -> bool:
 
 
 def node_command(d: str | Path, rank: int, nodes: int, port: int, opts: RunOptions | list[str] | None = None,
-                 result: str | Path | None = None) -> list[str]:
+                 result: str | Path | None = None, leader: str = "127.0.0.1", host: str | None = None
+                 ) -> list[str]:
     """The node program's command line for ``rank``: ``python -m disco.runtime.node``, or for an ONNX export
-    ``python -m disco_edge`` (the same run options; rank 0's address is the rendezvous)."""
+    ``python -m disco_edge`` (the same run options; rank 0's address ``leader`` is the rendezvous; ``host``:
+    this node's own address, where it is not 127.0.0.1)."""
     if is_onnx_export(d):
         cmd = [sys.executable, "-m", "disco_edge", str(d), "--rank", str(rank), "--nodes", str(nodes),
-               "--leader", f"127.0.0.1:{port}", *run_options(opts).to_argv()]
+               "--leader", f"{leader}:{port}", *(["--host", host] if host else []), *run_options(opts).to_argv()]
         return cmd + (["--result", str(result)] if result is not None else [])
     cmd = [sys.executable, "-m", "disco.runtime.node", str(d), "--rank", str(rank), "--world-size", str(nodes),
-           "--master-addr", "127.0.0.1", "--master-port", str(port), *run_options(opts).to_argv()]
+           "--master-addr", leader, "--master-port", str(port), *run_options(opts).to_argv()]
     return cmd + (["--result", str(result)] if result is not None else [])
 
 
