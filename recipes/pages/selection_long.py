@@ -12,7 +12,7 @@ from pathlib import Path
 from .md import md_table, mean_std
 from .selection import profile
 
-LONG, DENSE = "cifar10_selection_long", "cifar10_resnet"
+LONG, DENSE, TUNE = "cifar10_selection_long", "cifar10_resnet", "cifar10_selection_tune"
 ROOMS = "lasso, rooms-charged"  # --lasso-weight joint: a second way of meeting the joint caps
 SEEDS = 3
 CURVE_LENGTHS = (10, 100, 250)  # thousands of images seen: the curves of the N=2 r=0.2 budgets
@@ -224,6 +224,30 @@ def page_section(data: dict) -> str:
     if g:
         lines += ["", "![top-1 against images seen](../results/cifar10_selection_long.png)"]
     return "\n".join(lines)
+
+
+def tune_screen(data: dict) -> str:
+    """The settings screen (``long.py --tune``): the joint budget at N=2 r=0.2, 100k images, seed 0, one setting
+    changed at a time, judged on the validation split only; the protocol's own row is its seed-0 run at 100k."""
+    screen = data.get(TUNE) or []
+    base = [e for e in data.get(LONG) or [] if (e["nodes"], e["target_ratio"], e["budget"], e["selection"],
+                                                 e.get("lasso_weight"), length_k(e)) == (2, 0.2, "joint", "lasso",
+                                                                                          "bytes", 100)]
+    ref = next((e for e in base if e["seed"] == 0), None)
+    if ref is None or not screen:
+        return "No run of the settings screen yet (`python recipes/selection/long.py --tune`)."
+    spread = mean_std([e["val_top1"] for e in base])[1] if len(base) > 1 else None
+    rows = [[e.get("setting") or "protocol", f"{e['val_top1']:.2f}", f"{e['val_top1'] - ref['val_top1']:+.2f}",
+             f"{e['top1']:.2f}"] for e in [ref, *sorted(screen, key=lambda e: -e["val_top1"])]]
+    best = max(screen, key=lambda e: e["val_top1"])
+    gain = best["val_top1"] - ref["val_top1"]
+    noise = f" (the protocol's seeds spread {spread:.2f} on the validation split)" if spread is not None else ""
+    verdict = (f"Best on the validation split: `{best['setting']}`, {gain:+.2f} points against the protocol's "
+               f"settings{noise}: " + ("more than the seeds' spread, a candidate for the 3-seed runs at 250k."
+                                       if spread is not None and gain > spread else
+                                       "within the seeds' spread, so the protocol's settings stand."))
+    return "\n".join([md_table(rows, ["setting changed", "validation top-1", "vs protocol",
+                                      "test top-1 (not used to choose)"]), "", verdict])
 
 
 def plot(data: dict, path: Path) -> None:
