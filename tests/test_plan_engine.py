@@ -27,7 +27,8 @@ def _pingpong(one_way_s: float, send_s: float = 1e-5) -> dict:
 
 def test_onnx_calibration_takes_the_measured_costs() -> None:
     """Compute from ONNX Runtime's timings, messages from the ping-pong (receive overheads and wake-ups inside
-    its one-way time), per-byte CPU and codecs scaled as --time-host does, host sharing kept."""
+    its one-way time), per-byte CPU and codecs scaled as --time-host does, host sharing kept (busy_s measured when
+    the ping-pong has its busy mode)."""
     model = build_model("cifar_resnet8").eval()
     cal = planner.Calibration(single_process={"cifar_resnet8|1,3,32,32": 10.0}, codec_encode_s={"int8": 1e-9})
     new, host = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=_pingpong(1e-4))
@@ -39,6 +40,9 @@ def test_onnx_calibration_takes_the_measured_costs() -> None:
     assert (new.oversub, new.corun, new.busy_s) == (cal.oversub, cal.corun, cal.busy_s)
     assert host["engine"] == "onnx" and host["cpu_factor"] == pytest.approx(0.5)
     assert planner.single_process(model, "cifar_resnet8", SHAPE, new)["ms"] == 5.0
+    busy = {**_pingpong(1e-4), "busy": [{"bytes": 1024, "one_way_s": 4e-4, "send_s": 1e-5}]}
+    new, _ = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=busy)
+    assert new.busy_s == pytest.approx(3e-4)  # what computing on both sides adds to a message
 
 
 def test_price_charges_run_s_per_compute_segment_with_ops() -> None:

@@ -33,6 +33,11 @@ OUTRO = [
     "ratio to the calibration's one-process time (for a model with no measured one-process time, to the "
     "compute model's prediction, which also absorbs that model's compute-model error); the link delays "
     "stay. The host check at the end times one process of two models against results/latency.json.", "",
+    "`disco plan --engine onnx` prices the ONNX engine (`disco export --format onnx`, ONNX Runtime nodes and "
+    "ZeroMQ messages) instead: at plan time it times, on this host and one thread, an ONNX Runtime session run "
+    "of a one-op graph, each op of a chain of tiny ops and the model's own ONNX graph (the compute), and a "
+    "ZeroMQ ping-pong of the engine's transport with and without its pacing thread (the per-message costs). "
+    "The rows with engine onnxruntime run those plans.", "",
     "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
 COLUMNS = ["", "N", "r", "codec", "predicted ms", "MB moved", "weights per node (MB, max)",
            "memory per node (MB, max)"]

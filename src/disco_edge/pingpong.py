@@ -3,10 +3,12 @@
     python -m disco_edge.pingpong --sizes 1024,262144 --iters 200 --modes unpaced,paced   # one JSON line
 
 Rank 0 sends S bytes, rank 1 sends them back: one way = median round trip / 2 (after ``warmup`` rounds), and the
-median time of rank 0's ``send`` call (the sender's own CPU per message). It runs the node's own ``ZmqTransport``
-(hello, tags, size check, zero-copy receive), so the figure is what a node pays per message. ``paced``: every
-message goes through the pacing thread, as on an emulated link, at a bandwidth so high that the wire time is nil
-(what remains is the thread's hand-off). Used by ``disco plan --engine onnx`` and ``bench/pingpong.py``.
+median CPU time of rank 0's ``send`` call (the sender's own cost per message: its thread's CPU time). It runs the
+node's own ``ZmqTransport`` (hello, tags, size check, zero-copy receive), so the figure is what a node pays per
+message. ``paced``: every message goes through the pacing thread, as on an emulated link, at a bandwidth so high
+that the wire time is nil (what remains is the thread's hand-off). ``busy``: both ranks compute (``BUSY_WORK_S`` of
+work when alone) and then exchange, as two nodes that compute at once do; the figure is each round's time less the
+work's alone (what busy cores add to a message). Used by ``disco plan --engine onnx`` and ``bench/pingpong.py``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,28 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("unpaced", "paced")
+MODES = ("unpaced", "paced", "busy")
 NIL_WIRE_BPS = 1e15  # "paced" mode's bandwidth: the pacer runs, the wire time is nil
+BUSY_WORK_S = 2e-4  # "busy" mode: each rank's work per round (measured alone)
+
+
+def _work(n: int) -> None:
+    a = np.ones((32, 32), dtype=np.float32)
+    for _ in range(n):
+        a @ a
+
+
+def _calibrated_work(seconds: float) -> tuple[int, float]:
+    """(iterations of :func:`_work` that take about ``seconds`` here, their median time alone)."""
+    t0 = time.perf_counter()
+    _work(200)
+    n = max(1, int(200 * seconds / max(time.perf_counter() - t0, 1e-9)))
+    ts = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        _work(n)
+        ts.append(time.perf_counter() - t0)
+    return n, statistics.median(ts)
 
 
 def free_ports(n: int) -> list[int]:
@@ -36,31 +58,34 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def _worker(rank: int, peers: list[str], sizes: list[int], iters: int, warmup: int, paced: bool, out: Any) -> None:
+def _worker(rank: int, peers: list[str], sizes: list[int], iters: int, warmup: int, mode: str, out: Any) -> None:
     from .link import LinkModel
     from .transport import ZmqTransport
 
-    tr = ZmqTransport(rank, 2, "pingpong", LinkModel(NIL_WIRE_BPS) if paced else None, timeout=30)
+    tr = ZmqTransport(rank, 2, "pingpong", LinkModel(NIL_WIRE_BPS) if mode == "paced" else None, timeout=30)
     tr.start_peers(peers)
+    n_work, work_s = _calibrated_work(BUSY_WORK_S) if mode == "busy" else (0, 0.0)
     rows = []
     for tag, size in enumerate(sizes, start=16):
         buf = np.ones(size, dtype=np.uint8)
         rtt, send = [], []
-        n = max(10, min(iters, iters * 65536 // size))  # large messages: fewer rounds
-        for i in range(warmup + n):
+        for i in range(warmup + iters):
             t0 = time.perf_counter()
-            if rank == 0:
-                tr.send(1, tag, buf)
-                t1 = time.perf_counter()
-                tr.recv(1, tag, size)
+            if n_work:  # both ranks: work, then exchange
+                _work(n_work)
+            if rank == 0 or n_work:
+                c0 = time.thread_time()  # the send call's CPU (not the wait for a core or for the I/O thread)
+                tr.send(1 - rank, tag, buf)
+                c1 = time.thread_time()
+                tr.recv(1 - rank, tag, size)
                 if i >= warmup:
-                    rtt.append(time.perf_counter() - t0)
-                    send.append(t1 - t0)
+                    rtt.append(time.perf_counter() - t0 - work_s)
+                    send.append(c1 - c0)
             else:
                 tr.send(0, tag, tr.recv(0, tag, size).copy())
         if rank == 0:
-            rows.append({"bytes": size, "one_way_s": statistics.median(rtt) / 2, "send_s": statistics.median(send),
-                         "iters": n})
+            one_way = statistics.median(rtt) / (1 if n_work else 2)  # busy: each round is one way each
+            rows.append({"bytes": size, "one_way_s": one_way, "send_s": statistics.median(send), "iters": iters})
     tr.flush()
     if rank == 0:
         out.put(rows)
@@ -69,14 +94,14 @@ def _worker(rank: int, peers: list[str], sizes: list[int], iters: int, warmup: i
     tr.close()
 
 
-def measure(sizes: list[int], iters: int = 200, warmup: int = 20, paced: bool = False,
+def measure(sizes: list[int], iters: int = 200, warmup: int = 20, mode: str = "unpaced",
             timeout: float = 120.0) -> list[dict[str, Any]]:
-    """Per size: ``{"bytes", "one_way_s", "send_s", "iters"}`` from two fresh processes (messages over 64 KB get
-    fewer rounds: at least 10, about ``iters`` x 64 KB in all)."""
+    """Per size: ``{"bytes", "one_way_s", "send_s", "iters"}`` from two fresh processes (``iters`` rounds after
+    ``warmup``, in ``mode``: unpaced, paced or busy, see the module's docstring)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     peers = [f"127.0.0.1:{p}" for p in free_ports(2)]
-    procs = [ctx.Process(target=_worker, args=(r, peers, sizes, iters, warmup, paced, out), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, peers, sizes, iters, warmup, mode, out), daemon=True)
              for r in (0, 1)]
     for p in procs:
         p.start()
@@ -101,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in a.modes.split(",") if m]
     if not sizes or min(sizes) < 1 or a.iters < 1 or a.warmup < 0 or not set(modes) <= set(MODES):
         ap.error(f"positive --sizes, --iters >= 1, --warmup >= 0 and --modes among {', '.join(MODES)} please")
-    print(json.dumps({m: measure(sizes, a.iters, a.warmup, m == "paced") for m in modes}))
+    print(json.dumps({m: measure(sizes, a.iters, a.warmup, m) for m in modes}))
     return 0
 
 

@@ -8,11 +8,12 @@
   ``flop_s``, over the compute model's FLOPs and ops of the dense model). A rank of an ONNX export runs each
   compute segment as one graph, so it pays ``run_s`` once per segment and no Python per op;
 - messages (:func:`message_costs`): a one-way ping-pong of the engine's own ZeroMQ transport between two processes
-  (``python -m disco_edge.pingpong``, a small and a large message, without and with the pacing thread): the
-  sender's CPU per message ``msg_s`` is its ``send`` call, the delivery delay ``a + b * bytes`` the rest of the
-  one-way time (the receiver's wake-up and receive are inside it: no receive overhead or wake-up is added);
+  (``python -m disco_edge.pingpong``, a small and a large message, without and with the pacing thread, and with
+  both processes computing between messages): the sender's CPU per message ``msg_s`` is its ``send`` call's CPU
+  time, the delivery delay ``a + b * bytes`` the rest of the one-way time (the receiver's wake-up and receive
+  are inside it: no receive overhead or wake-up is added), ``busy_s`` what computing on both sides adds to it;
 - the per-byte CPU and the codecs scale as ``--time-host`` scales them (the dense model's ONNX Runtime time over
-  the calibration's one-process time); the host-sharing constants (``oversub``, ``corun``, ``busy_s``,
+  the calibration's one-process time); the other host-sharing constants (``oversub``, ``corun``,
   ``wake_oversub_s``) stay the calibration's.
 """
 
@@ -103,11 +104,11 @@ def ort_costs(model: Any, shape: tuple[int, ...], flops: float, ops: float, reps
 
 
 @functools.lru_cache(maxsize=1)
-def zmq_pingpong(iters: int = 200) -> dict[str, list[dict[str, Any]]]:
-    """The engine transport's one-way ping-pong on this host, unpaced and paced (``disco_edge.pingpong`` in a
+def zmq_pingpong(iters: int = 100) -> dict[str, list[dict[str, Any]]]:
+    """The engine transport's one-way ping-pong on this host, unpaced, paced and busy (``disco_edge.pingpong`` in a
     child process, so that its two node processes start without torch); measured once per process."""
     cmd = [sys.executable, "-m", "disco_edge.pingpong", "--sizes", ",".join(map(str, PINGPONG_SIZES)),
-           "--iters", str(iters), "--modes", "unpaced,paced"]
+           "--iters", str(iters), "--modes", "unpaced,paced,busy"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -116,8 +117,9 @@ def zmq_pingpong(iters: int = 200) -> dict[str, list[dict[str, Any]]]:
 
 
 def message_costs(pingpong: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
-    """Calibration fields from a ping-pong: ``msg_s`` (the unpaced send call) and, per mode, the delivery delay
-    ``a + b * bytes`` fitted through the smallest and largest message (one-way time less the send call)."""
+    """Calibration fields from a ping-pong: ``msg_s`` (the unpaced send call's CPU), per mode the delivery delay
+    ``a + b * bytes`` fitted through the smallest and largest message (one-way time less the send call), and
+    ``busy_s`` (the small message's one-way time with both sides computing, less without)."""
     out: dict[str, float] = {}
     for mode, (a, b) in (("unpaced", ("delay_a", "delay_b")), ("paced", ("delay_paced_a", "delay_paced_b"))):
         rows = sorted(pingpong[mode], key=lambda r: r["bytes"])
@@ -125,7 +127,10 @@ def message_costs(pingpong: dict[str, list[dict[str, Any]]]) -> dict[str, float]
         d_lo, d_hi = lo["one_way_s"] - lo["send_s"], hi["one_way_s"] - hi["send_s"]
         slope = max(0.0, (d_hi - d_lo) / (hi["bytes"] - lo["bytes"])) if hi["bytes"] > lo["bytes"] else 0.0
         out[a], out[b] = max(0.0, d_lo - slope * lo["bytes"]), slope
-    out["msg_s"] = sorted(pingpong["unpaced"], key=lambda r: r["bytes"])[0]["send_s"]
+    small = min(pingpong["unpaced"], key=lambda r: r["bytes"])
+    out["msg_s"] = small["send_s"]
+    if "busy" in pingpong:
+        out["busy_s"] = max(0.0, min(pingpong["busy"], key=lambda r: r["bytes"])["one_way_s"] - small["one_way_s"])
     return out
 
 
