@@ -5,10 +5,12 @@
 Rank 0 sends S bytes, rank 1 sends them back: one way = median round trip / 2 (after ``warmup`` rounds), and the
 median CPU time of rank 0's ``send`` call (the sender's own cost per message: its thread's CPU time). It runs the
 node's own ``ZmqTransport`` (hello, tags, size check, zero-copy receive), so the figure is what a node pays per
-message. ``paced``: every message goes through the pacing thread, as on an emulated link, at a bandwidth so high
-that the wire time is nil (what remains is the thread's hand-off). ``busy``: both ranks compute (``BUSY_WORK_S`` of
-work when alone) and then exchange, as two nodes that compute at once do; the figure is each round's time less the
-work's alone (what busy cores add to a message). Used by ``disco plan --engine onnx`` and ``bench/pingpong.py``.
+message. ``paced``: every message goes through the pacing thread, which holds it for an emulated one-way latency of
+``PACED_LATENCY_S`` (``link_s`` in the rows), as on a shaped link: what it adds beyond that is the thread's hand-off
+and the sleep's overshoot. ``busy``: both ranks compute (``BUSY_WORK_S`` of work when alone) and then exchange, as
+two nodes that compute at once do; the figure is each round's time less the work's (what busy cores add to a
+message), and the rows add rank 0's work time alone (rank 1 waiting) and together (how much two processes computing
+at once slow each other here). Used by ``disco plan --engine onnx`` and ``bench/pingpong.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from typing import Any
 import numpy as np
 
 MODES = ("unpaced", "paced", "busy")
-NIL_WIRE_BPS = 1e15  # "paced" mode's bandwidth: the pacer runs, the wire time is nil
-BUSY_WORK_S = 2e-4  # "busy" mode: each rank's work per round (measured alone)
+PACED_LATENCY_S = 5e-4  # "paced" mode's emulated one-way latency: the pacer sleeps, as on a shaped link
+BUSY_WORK_S = 2e-4  # "busy" mode: each rank's work per round (about, alone)
 
 
 def _work(n: int) -> None:
@@ -34,17 +36,22 @@ def _work(n: int) -> None:
         a @ a
 
 
-def _calibrated_work(seconds: float) -> tuple[int, float]:
-    """(iterations of :func:`_work` that take about ``seconds`` here, their median time alone)."""
+def _timed_work(n: int) -> float:
     t0 = time.perf_counter()
-    _work(200)
-    n = max(1, int(200 * seconds / max(time.perf_counter() - t0, 1e-9)))
-    ts = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        _work(n)
-        ts.append(time.perf_counter() - t0)
-    return n, statistics.median(ts)
+    _work(n)
+    return time.perf_counter() - t0
+
+
+def _busy_work(tr: Any, rank: int) -> tuple[int, float]:
+    """(iterations of :func:`_work` that take about ``BUSY_WORK_S`` here, rank 0's median time for them while
+    rank 1 waits: the work alone)."""
+    n = max(1, int(200 * BUSY_WORK_S / max(_timed_work(200), 1e-9)))
+    if rank == 1:
+        tr.recv(0, 15, 1)
+        return n, 0.0
+    alone = statistics.median(_timed_work(n) for _ in range(20))
+    tr.send(1, 15, np.zeros(1, dtype=np.uint8))
+    return n, alone
 
 
 def free_ports(n: int) -> list[int]:
@@ -62,30 +69,33 @@ def _worker(rank: int, peers: list[str], sizes: list[int], iters: int, warmup: i
     from .link import LinkModel
     from .transport import ZmqTransport
 
-    tr = ZmqTransport(rank, 2, "pingpong", LinkModel(NIL_WIRE_BPS) if mode == "paced" else None, timeout=30)
+    tr = ZmqTransport(rank, 2, "pingpong", LinkModel(None, PACED_LATENCY_S) if mode == "paced" else None, timeout=30)
     tr.start_peers(peers)
-    n_work, work_s = _calibrated_work(BUSY_WORK_S) if mode == "busy" else (0, 0.0)
+    n_work, alone = _busy_work(tr, rank) if mode == "busy" else (0, 0.0)
     rows = []
     for tag, size in enumerate(sizes, start=16):
         buf = np.ones(size, dtype=np.uint8)
-        rtt, send = [], []
+        rtt, send, work = [], [], []
         for i in range(warmup + iters):
             t0 = time.perf_counter()
-            if n_work:  # both ranks: work, then exchange
-                _work(n_work)
+            w = _timed_work(n_work) if n_work else 0.0  # busy: both ranks work, then exchange
             if rank == 0 or n_work:
                 c0 = time.thread_time()  # the send call's CPU (not the wait for a core or for the I/O thread)
                 tr.send(1 - rank, tag, buf)
                 c1 = time.thread_time()
                 tr.recv(1 - rank, tag, size)
                 if i >= warmup:
-                    rtt.append(time.perf_counter() - t0 - work_s)
+                    rtt.append(time.perf_counter() - t0 - w)
                     send.append(c1 - c0)
+                    work.append(w)
             else:
                 tr.send(0, tag, tr.recv(0, tag, size).copy())
         if rank == 0:
             one_way = statistics.median(rtt) / (1 if n_work else 2)  # busy: each round is one way each
-            rows.append({"bytes": size, "one_way_s": one_way, "send_s": statistics.median(send), "iters": iters})
+            rows.append({"bytes": size, "one_way_s": one_way, "send_s": statistics.median(send), "iters": iters,
+                         "link_s": PACED_LATENCY_S if mode == "paced" else 0.0})
+            if n_work:
+                rows[-1].update(work_alone_s=alone, work_together_s=statistics.median(work))
     tr.flush()
     if rank == 0:
         out.put(rows)

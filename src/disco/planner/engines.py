@@ -8,13 +8,14 @@
   ``flop_s``, over the compute model's FLOPs and ops of the dense model). A rank of an ONNX export runs each
   compute segment as one graph, so it pays ``run_s`` once per segment and no Python per op;
 - messages (:func:`message_costs`): a one-way ping-pong of the engine's own ZeroMQ transport between two processes
-  (``python -m disco_edge.pingpong``, a small and a large message, without and with the pacing thread, and with
-  both processes computing between messages): the sender's CPU per message ``msg_s`` is its ``send`` call's CPU
-  time, the delivery delay ``a + b * bytes`` the rest of the one-way time (the receiver's wake-up and receive
-  are inside it: no receive overhead or wake-up is added), ``busy_s`` what computing on both sides adds to it;
+  (``python -m disco_edge.pingpong``, a small and a large message, without and with the pacing thread holding
+  each message for an emulated latency, and with both processes computing between messages): the sender's CPU
+  per message ``msg_s`` is its ``send`` call's CPU time, the delivery delay ``a + b * bytes`` the rest of the
+  one-way time (the receiver's wake-up and receive are inside it: no receive overhead or wake-up is added; paced:
+  less the emulated latency), ``busy_s`` what computing on both sides adds to it, ``corun`` how much the two
+  processes' computing slows each other (the host's other load included, as it is now);
 - the per-byte CPU and the codecs scale as ``--time-host`` scales them (the dense model's ONNX Runtime time over
-  the calibration's one-process time); the other host-sharing constants (``oversub``, ``corun``,
-  ``wake_oversub_s``) stay the calibration's.
+  the calibration's one-process time); ``oversub`` and ``wake_oversub_s`` stay the calibration's.
 """
 
 from __future__ import annotations
@@ -118,19 +119,24 @@ def zmq_pingpong(iters: int = 100) -> dict[str, list[dict[str, Any]]]:
 
 def message_costs(pingpong: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     """Calibration fields from a ping-pong: ``msg_s`` (the unpaced send call's CPU), per mode the delivery delay
-    ``a + b * bytes`` fitted through the smallest and largest message (one-way time less the send call), and
-    ``busy_s`` (the small message's one-way time with both sides computing, less without)."""
+    ``a + b * bytes`` fitted through the smallest and largest message (one-way time less the send call and the
+    emulated latency the pacer held it for),
+    ``busy_s`` (the small message's one-way time with both sides computing, less without) and ``corun`` (the
+    work's time alone over its time while the other process works too)."""
     out: dict[str, float] = {}
     for mode, (a, b) in (("unpaced", ("delay_a", "delay_b")), ("paced", ("delay_paced_a", "delay_paced_b"))):
         rows = sorted(pingpong[mode], key=lambda r: r["bytes"])
         lo, hi = rows[0], rows[-1]
-        d_lo, d_hi = lo["one_way_s"] - lo["send_s"], hi["one_way_s"] - hi["send_s"]
+        d_lo, d_hi = (r["one_way_s"] - r["send_s"] - r.get("link_s", 0.0) for r in (lo, hi))
         slope = max(0.0, (d_hi - d_lo) / (hi["bytes"] - lo["bytes"])) if hi["bytes"] > lo["bytes"] else 0.0
         out[a], out[b] = max(0.0, d_lo - slope * lo["bytes"]), slope
     small = min(pingpong["unpaced"], key=lambda r: r["bytes"])
     out["msg_s"] = small["send_s"]
     if "busy" in pingpong:
-        out["busy_s"] = max(0.0, min(pingpong["busy"], key=lambda r: r["bytes"])["one_way_s"] - small["one_way_s"])
+        busy = min(pingpong["busy"], key=lambda r: r["bytes"])
+        out["busy_s"] = max(0.0, busy["one_way_s"] - small["one_way_s"])
+        if busy.get("work_together_s", 0) > 0:
+            out["corun"] = min(1.0, busy["work_alone_s"] / busy["work_together_s"])
     return out
 
 
@@ -158,7 +164,8 @@ def onnx_calibration(cal: Calibration, model: Any, name: str, shape: tuple[int, 
                   single_process_source="onnxruntime, 1 thread, timed on this host",
                   source=f"{cal.source}, ONNX engine timed on this host")
     small = {m: min(pp[m], key=lambda r: r["bytes"]) for m in ("unpaced", "paced")}
-    host.update(engine="onnx", zmq_one_way_ms={m: round(r["one_way_s"] * 1e3, 4) for m, r in small.items()},
+    host.update(engine="onnx",  # paced: beyond the emulated latency
+                zmq_one_way_ms={m: round((r["one_way_s"] - r.get("link_s", 0.0)) * 1e3, 4) for m, r in small.items()},
                 zmq_message_bytes=small["unpaced"]["bytes"],
                 costs={k: float(f"{v:.4g}") for k, v in {**msg, **ort}.items() if k != "one_process_ms"})
     return new, host

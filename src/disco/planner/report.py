@@ -63,7 +63,7 @@ def format_table(res: dict[str, Any]) -> str:
                      f"{h['one_process_ms_calibration']:.1f} ms in the calibration: CPU costs x {h['cpu_factor']:.2f}")
     if h and h.get("engine") == "onnx":
         ow = h["zmq_one_way_ms"]
-        lines.append(f"this host: ZeroMQ one way {ow['unpaced']:.3f} ms ({ow['paced']:.3f} ms paced) for "
+        lines.append(f"this host: ZeroMQ one way {ow['unpaced']:.3f} ms ({ow['paced']:.3f} ms more when paced) for "
                      f"{h['zmq_message_bytes']} B")
     lines.append(f"engine priced: {ENGINE_NAMES.get(res.get('engine', 'torch'), res.get('engine'))}")
     lines.append(res["why"])
