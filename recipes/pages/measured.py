@@ -76,9 +76,12 @@ def planner_validation(data: dict) -> str:
            "", f"Torch engine as calibrated: {_within(data, 'measured_over_predicted')}."]
     if any("measured_over_predicted_time_host" in e for e in data["entries"]):
         out.append(f"Torch engine with `--time-host`: {_within(data, 'measured_over_predicted_time_host')}.")
-    if any(e.get("engine", "torch") != "torch" for e in data["entries"]):
+    onnx = [e for e in data["entries"] if e.get("engine", "torch") == "onnxruntime"]
+    if onnx:
+        load = [e[k] for e in onnx for k in ("loadavg_1min_before", "loadavg_1min_after")]
         out.append(f"ONNX engine (`--engine onnx`, timed on this host at plan time): "
-                   f"{_within(data, 'measured_over_predicted', 'onnxruntime')}.")
+                   f"{_within(data, 'measured_over_predicted', 'onnxruntime')}; host load average "
+                   f"{min(load):.1f} to {max(load):.1f} during its runs ({onnx[0]['time'][:10]}).")
     h = data.get("host_check")
     if h:
         slow = ", ".join(f"{m} {v['one_process_ms_now']:.1f} ms against {v['quiet_ms']:.1f} ms in results/latency.json "
