@@ -3,10 +3,10 @@
 ``onnx``: the ONNX engine's costs are measured on this host at plan time, in the spirit of ``--time-host``:
 
 - compute (:func:`ort_costs`): one ONNX Runtime session (the node engine's own options, one thread) runs a
-  one-op graph (the fixed cost of a session run: ``run_s``, paid per compute segment), a chain of tiny ops (the
-  cost of each further op: ``op_s``) and the model exported to ONNX (what its FLOPs cost beyond those:
-  ``flop_s``, over the compute model's FLOPs and ops of the dense model). A rank of an ONNX export runs each
-  compute segment as one graph, so it pays ``run_s`` once per segment and no Python per op;
+  one-op graph (the fixed cost of a session run: ``run_s``, paid per compute segment), a chain of small
+  convolutions and the model exported to ONNX; the fixed cost of an op ``op_s`` and the cost of a FLOP
+  ``flop_s`` fit those two (with the compute model's FLOPs and ops of the dense model). A rank of an ONNX export
+  runs each compute segment as one graph, so it pays ``run_s`` once per segment and no Python per op;
 - messages (:func:`message_costs`): a one-way ping-pong of the engine's own ZeroMQ transport between two processes
   (``python -m disco_edge.pingpong``, a small and a large message, without and with the pacing thread holding
   each message for an emulated latency, and with both processes computing between messages): the sender's CPU
@@ -40,7 +40,8 @@ from .host import scaled_to_host
 
 ENGINES = ("torch", "onnx")
 PINGPONG_SIZES = (1024, 262144)
-CHAIN = 64  # tiny ops in the chain that prices one op
+CHAIN = 64  # small convolutions in the chain that prices one op
+CONV_FLOPS = 2 * 8 * 8 * 9 * 16  # FLOPs of one of them (the compute model's 2 x MACs)
 NEEDS = {"onnxruntime": "onnxruntime", "zmq": "pyzmq", "onnx": "onnx"}  # module -> the package that installs it
 
 
@@ -73,35 +74,44 @@ def _timed_session(path: Path, shape: tuple[int, ...], reps: int) -> float:
     return _median_s(lambda: sess.run(None, feeds), reps)
 
 
-def _chain(path: Path, ops: int) -> None:
-    """An ONNX graph of ``ops`` Relu ops in a row on 16 values."""
-    from onnx import TensorProto, helper, save
+def _chain(path: Path, ops: int, conv: bool) -> tuple[int, ...]:
+    """An ONNX graph of ``ops`` ops in a row: small 3x3 convolutions (8 channels, 4x4: ``CONV_FLOPS`` each), or
+    Relu on 16 values; returns its input shape."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
 
     names = ["x"] + [f"y{i}" for i in range(ops)]
-    nodes = [helper.make_node("Relu", [a], [b]) for a, b in zip(names, names[1:], strict=False)]
-    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-                          [helper.make_tensor_value_info(names[-1], TensorProto.FLOAT, [1, 16])])
+    shape = (1, 8, 4, 4) if conv else (1, 16)
+    w = [numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8, 3, 3), dtype=np.float32), "w")]
+    nodes = [helper.make_node("Conv", [a, "w"], [b], pads=[1, 1, 1, 1]) if conv else helper.make_node("Relu", [a], [b])
+             for a, b in zip(names, names[1:], strict=False)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info(names[-1], TensorProto.FLOAT, shape)],
+                          initializer=w if conv else [])
     save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return shape
 
 
 def ort_costs(model: Any, shape: tuple[int, ...], flops: float, ops: float, reps: int = 20) -> dict[str, float]:
-    """ONNX Runtime on this host, one thread: ``run_s`` (a one-op graph's run), ``op_s`` (each further op of a
-    chain of tiny ops), ``one_process_ms`` (``model`` exported to ONNX) and ``flop_s`` (its time beyond one run
-    and ``ops`` ops, over its ``flops``: the dense model's FLOPs and ops in the compute model)."""
+    """ONNX Runtime on this host, one thread: ``run_s`` (a one-Relu graph's run), the cost of each further op of a
+    chain of small convolutions (``op_s`` + ``CONV_FLOPS`` x ``flop_s``), and ``model`` exported to ONNX
+    (``one_process_ms`` = ``run_s`` + ``ops`` x ``op_s`` + ``flops`` x ``flop_s``: its FLOPs and ops in the compute
+    model); ``op_s`` and ``flop_s`` solve those two equations."""
     import torch
 
     with tempfile.TemporaryDirectory() as d:
-        dense, one, chain = Path(d) / "dense.onnx", Path(d) / "one.onnx", Path(d) / "chain.onnx"
+        p = {k: Path(d) / f"{k}.onnx" for k in ("dense", "relu", "conv1", "convs")}
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (torch.randn(shape),), str(dense), dynamo=False, opset_version=17)
-        _chain(one, 1)
-        _chain(chain, CHAIN)
-        run_s = _timed_session(one, (1, 16), 10 * reps)
-        op_s = max(0.0, (_timed_session(chain, (1, 16), 10 * reps) - run_s) / (CHAIN - 1))
-        whole = _timed_session(dense, shape, reps)
-    flop_s = max(0.0, whole - run_s - ops * op_s) / flops if flops > 0 else 0.0
-    return {"run_s": run_s, "op_s": op_s, "flop_s": flop_s, "one_process_ms": whole * 1e3}
+            torch.onnx.export(model, (torch.randn(shape),), str(p["dense"]), dynamo=False, opset_version=17)
+        run_s = _timed_session(p["relu"], _chain(p["relu"], 1, False), 10 * reps)
+        conv = [_timed_session(p[k], _chain(p[k], n, True), 10 * reps) for k, n in (("conv1", 1), ("convs", CHAIN))]
+        whole = _timed_session(p["dense"], shape, reps)
+    per_op = max(0.0, (conv[1] - conv[0]) / (CHAIN - 1))
+    rest = flops - ops * CONV_FLOPS
+    flop_s = max(0.0, (whole - run_s - ops * per_op) / rest) if rest > 0 else 0.0
+    return {"run_s": run_s, "op_s": max(0.0, per_op - CONV_FLOPS * flop_s), "flop_s": flop_s,
+            "one_process_ms": whole * 1e3}
 
 
 @functools.lru_cache(maxsize=1)
