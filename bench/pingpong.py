@@ -13,50 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import socket
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from disco_edge.pingpong import free_ports
+from disco_edge.pingpong import measure as measure_zmq
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (1024, 1 << 20)
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _zmq_worker(rank: int, peers: list[str], size: int, iters: int, warmup: int, out: Any) -> None:
-    from disco_edge.transport import ZmqTransport
-
-    tr = ZmqTransport(rank, 2, "pingpong", timeout=30)
-    tr.start_peers(peers)
-    buf = np.ones(size, dtype=np.uint8)
-    times = []
-    for i in range(warmup + iters):
-        t0 = time.perf_counter()
-        if rank == 0:
-            tr.send(1, 16, buf)
-            tr.recv(1, 16, size)
-        else:
-            tr.send(0, 16, tr.recv(0, 16, size).copy())
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    tr.flush()
-    if rank == 0:
-        out.put(statistics.median(times) / 2)
-    else:
-        time.sleep(0.5)  # the last reply leaves before the sockets close
-    tr.close()
 
 
 def _gloo_worker(rank: int, port: int, size: int, iters: int, warmup: int, out: Any) -> None:
@@ -85,16 +51,13 @@ def _gloo_worker(rank: int, port: int, size: int, iters: int, warmup: int, out: 
 
 def measure(kind: str, size: int, iters: int, warmup: int) -> float:
     """The median one-way time in seconds of ``kind`` ("zmq" or "gloo") for ``size``-byte messages."""
+    if kind == "zmq":  # the engine's own transport (disco_edge.pingpong)
+        return measure_zmq([size], iters, warmup)[0]["one_way_s"]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    if kind == "zmq":
-        peers = [f"127.0.0.1:{p}" for p in _ports(2)]
-        args = [(r, peers, size, iters, warmup, out) for r in (0, 1)]
-        target = _zmq_worker
-    else:
-        port = _ports(1)[0]
-        args = [(r, port, size, iters, warmup, out) for r in (0, 1)]
-        target = _gloo_worker
+    port = free_ports(1)[0]
+    args = [(r, port, size, iters, warmup, out) for r in (0, 1)]
+    target = _gloo_worker
     procs = [ctx.Process(target=target, args=a) for a in args]
     for p in procs:
         p.start()

@@ -13,7 +13,8 @@ average before and after each run (this host is shared:
 other people's jobs inflate what is measured). The calibration (results/latency_model.json) saw
 resnet50, cifar_resnet20, deit_small, rrdbnet, deeplabv3plus and ssd300 at N=2 and 4, equal shares,
 10/100/1000 Mbit/s and unshaped, no added latency: every setting below differs (N=3, 20 ms and other
-latencies, unequal shares, other models).
+latencies, unequal shares, other models). The last four rows price and run the ONNX engine (``--engine onnx``,
+``disco export --format onnx``; its compute and message costs are timed on this host at plan time).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ SETTINGS = [
     {"model": "mobilenet_v3_small", "input_shape": "1,3,96,96", "bandwidth": "100mbit", "latency": "2ms",
      "nodes": "2,3"},
     {"model": "resnet50", "input_shape": "1,3,224,224", "bandwidth": "100mbit", "latency": "2ms", "nodes": "2,4"},
-]
+] + [{"model": "cifar_resnet20", "input_shape": "1,3,32,32", "bandwidth": b, "latency": "0ms", "nodes": "2",
+      "ratios": r, "codecs": "fp32", "engine": "onnx"} for r in ("0.2", "1") for b in ("none", "100mbit")]
 
 
 def sh(cmd: list[str]) -> dict:
@@ -84,23 +86,26 @@ def main() -> int:
             continue
         plan_cmd = [*DISCO, "plan", s["model"], "--input-shape", s["input_shape"], "--bandwidth", s["bandwidth"],
                     "--latency", s["latency"], "--nodes", s["nodes"], "--cores", "2", "--json",
-                    *(["--shares", s["shares"]] if "shares" in s else [])]
+                    *[x for k in ("shares", "ratios", "codecs", "engine") if k in s for x in (f"--{k}", s[k])]]
+        onnx = s.get("engine") == "onnx"  # timed here already: no --time-host plan
         t0 = time.perf_counter()
         res = sh(plan_cmd)
         plan_s = time.perf_counter() - t0
         rec = res["recommended"]
-        timed = sh([*plan_cmd, "--time-host"])
+        timed = res if onnx else sh([*plan_cmd, "--time-host"])
         same = [c for c in timed["candidates"] if all(c[k] == rec[k] for k in ("nodes", "ratio_target", "codec",
                                                                               "shares"))]
         with tempfile.TemporaryDirectory() as d:
             sh([*DISCO, "export", s["model"], "--nodes", str(rec["nodes"]), "--ratio", str(rec["ratio_target"]),
                 "--input-shape", s["input_shape"], "--out", d, "--codec", rec["codec"], "--json",
+                *(["--format", "onnx"] if onnx else []),
                 *(["--shares", ",".join(f"{x:g}" for x in rec["shares"])] if rec["shares"] else [])])
             load0 = os.getloadavg()[0]
             run = sh([*DISCO, "run", d, "--nodes", str(rec["nodes"]), "--codec", rec["codec"], "--bandwidth",
                       s["bandwidth"], "--latency", s["latency"], "--iters", "10", "--warmup", "2", "--json"])
             load1 = os.getloadavg()[0]
-        e = {"setting": s, "recommended": {k: rec[k] for k in ("nodes", "ratio_target", "ratio", "codec", "shares")},
+        e = {"setting": s, "engine": run.get("engine", "torch"),
+             "recommended": {k: rec[k] for k in ("nodes", "ratio_target", "ratio", "codec", "shares")},
              "predicted_ms": rec["predicted_ms"], "measured_ms": run["latency_ms_median"],
              "measured_over_predicted": round(run["latency_ms_median"] / rec["predicted_ms"], 3),
              "predicted_ms_time_host": same[0]["predicted_ms"], "host": timed["host"],
@@ -110,6 +115,7 @@ def main() -> int:
              "bytes_sent": run["bytes_sent_total"], "bytes_predicted": rec["bytes"],
              "loadavg_1min_before": round(load0, 2), "loadavg_1min_after": round(load1, 2),
              "plan_seconds": round(plan_s, 1), "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        e = {k: v for k, v in e.items() if not (onnx and "time_host" in k)}
         print(json.dumps(e), flush=True)
         data["entries"] = [x for x in data["entries"] if x["setting"] != s] + [e]
         data["host_check"] = host_check()

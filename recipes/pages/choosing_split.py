@@ -33,6 +33,13 @@ OUTRO = [
     "ratio to the calibration's one-process time (for a model with no measured one-process time, to the "
     "compute model's prediction, which also absorbs that model's compute-model error); the link delays "
     "stay. The host check at the end times one process of two models against results/latency.json.", "",
+    "`disco plan --engine onnx` prices the ONNX engine (`disco export --format onnx`, ONNX Runtime nodes and "
+    "ZeroMQ messages) instead: at plan time it times, on this host and one thread, an ONNX Runtime session run "
+    "of a one-op graph, each op of a chain of tiny ops and the model's own ONNX graph (the compute), and a "
+    "ZeroMQ ping-pong of the engine's transport: plain, through its pacing thread holding each message for "
+    "0.5 ms, and with both processes computing between messages (the per-message costs, what busy cores add "
+    "to a message, and how much two computing processes slow each other). The rows with engine onnxruntime "
+    "run those plans; what the host's other load does to the nodes while they run is not in the prediction.", "",
     "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
 COLUMNS = ["", "N", "r", "codec", "predicted ms", "MB moved", "weights per node (MB, max)",
            "memory per node (MB, max)"]

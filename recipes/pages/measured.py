@@ -51,15 +51,15 @@ def latency_weight_table(rows: list[dict]) -> str:
                           "communication only ms", "measured ms (disco run)"])
 
 
-def _within(data: dict, key: str) -> str:
-    ratios = [e[key] for e in data["entries"] if key in e]
+def _within(data: dict, key: str, engine: str = "torch") -> str:
+    ratios = [e[key] for e in data["entries"] if key in e and e.get("engine", "torch") == engine]
     n = sum(1 for x in ratios if 1 / 1.25 <= x <= 1.25)
     return f"{n} of {len(ratios)} within 1.25x (measured / predicted from {min(ratios):.2f} to {max(ratios):.2f})"
 
 
 def planner_validation(data: dict) -> str:
-    """Each unseen setting: the planner's recommendation, predicted (as calibrated, and with ``--time-host``)
-    and measured ms, and the host's speed against the calibration's."""
+    """Each unseen setting: the engine run, the planner's recommendation, predicted (as calibrated, and with
+    ``--time-host``) and measured ms, and the host's speed against the calibration's."""
     rows = []
     for e in data["entries"]:
         s, r = e["setting"], e["recommended"]
@@ -67,14 +67,21 @@ def planner_validation(data: dict) -> str:
             f", shares {','.join(f'{x:g}' for x in r['shares'])}" if r.get("shares") else "")
         th = ([f"{e['predicted_ms_time_host']:.1f}", f"{e['measured_over_predicted_time_host']:.2f}"]
               if "predicted_ms_time_host" in e else ["-", "-"])
-        rows.append([s["model"], s["input_shape"], f"{s['bandwidth']}, {s['latency']}", s["nodes"], rec,
-                     f"{e['predicted_ms']:.1f}", f"{e['measured_ms']:.1f}", f"{e['measured_over_predicted']:.2f}", *th])
-    out = [md_table(rows, ["model", "input", "link", "N offered", "recommended", "predicted ms", "measured ms",
-                           "measured / predicted", "predicted ms, --time-host",
+        rows.append([e.get("engine", "torch"), s["model"], s["input_shape"], f"{s['bandwidth']}, {s['latency']}",
+                     s["nodes"], rec, f"{e['predicted_ms']:.1f}", f"{e['measured_ms']:.1f}",
+                     f"{e['measured_over_predicted']:.2f}", *th])
+    out = [md_table(rows, ["engine", "model", "input", "link", "N offered", "recommended", "predicted ms",
+                           "measured ms", "measured / predicted", "predicted ms, --time-host",
                            "measured / predicted, --time-host"]),
-           "", f"As calibrated: {_within(data, 'measured_over_predicted')}."]
+           "", f"Torch engine as calibrated: {_within(data, 'measured_over_predicted')}."]
     if any("measured_over_predicted_time_host" in e for e in data["entries"]):
-        out.append(f"With `--time-host`: {_within(data, 'measured_over_predicted_time_host')}.")
+        out.append(f"Torch engine with `--time-host`: {_within(data, 'measured_over_predicted_time_host')}.")
+    onnx = [e for e in data["entries"] if e.get("engine", "torch") == "onnxruntime"]
+    if onnx:
+        load = [e[k] for e in onnx for k in ("loadavg_1min_before", "loadavg_1min_after")]
+        out.append(f"ONNX engine (`--engine onnx`, timed on this host at plan time): "
+                   f"{_within(data, 'measured_over_predicted', 'onnxruntime')}; host load average "
+                   f"{min(load):.1f} to {max(load):.1f} during its runs ({onnx[0]['time'][:10]}).")
     h = data.get("host_check")
     if h:
         slow = ", ".join(f"{m} {v['one_process_ms_now']:.1f} ms against {v['quiet_ms']:.1f} ms in results/latency.json "

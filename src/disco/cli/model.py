@@ -137,7 +137,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         latency_s=parse_latency(args.latency) if args.latency else 0.0, nodes=tuple(args.nodes),
         codecs=tuple(args.codecs), ratios=tuple(args.ratios), max_memory_per_node=args.max_memory_per_node,
         speeds=args.speeds, shares=args.shares, cores=args.cores, max_drop=args.max_drop, weights=args.weights,
-        time_host=args.time_host)
+        time_host=args.time_host, engine=args.engine)
     results = Path(args.results)
     cal = planner.Calibration.load(args.calibration or results / "latency_model.json")
     codecs = results / "codecs.json"
@@ -202,6 +202,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--time-host", action="store_true",
                    help="time the model once here (one process, 1 thread) and scale the calibration's CPU costs "
                         "to this machine's speed (when the nodes are machines like this one)")
+    p.add_argument("--engine", choices=("torch", "onnx"), default="torch",
+                   help="the node engine to price: torch (default; the calibration's costs) or onnx (disco_edge: "
+                        "ONNX Runtime compute and ZeroMQ messages, both timed on this host; implies --time-host)")
     p.add_argument("--plot", help="write the Pareto plot here (.png)")
     p.add_argument("--json", action="store_true")
     add_threads(p)

@@ -16,6 +16,7 @@ class Calibration:
 
     flop_s: float = 1.407e-11  # seconds per FLOP on one core (1 torch thread)
     op_s: float = 2.142e-05  # fixed cost of one op on one node (Python, dispatch)
+    run_s: float = 0.0  # fixed cost of one compute segment (the ONNX engine's session run; torch: in op_s)
     msg_s: float = 4.009e-05  # fixed CPU cost of one message on its sender (index_select, encode)
     byte_s: float = 4.381e-10  # CPU cost per payload byte (gather, cast, copy) on the sender
     delay_a: float = 0.0005513  # delivery delay of one message: a + b * bytes (unpaced gloo) ...

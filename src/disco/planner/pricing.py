@@ -15,14 +15,15 @@ from .programs import FEATURES
 def price(progs: list[list[tuple]], cal: Calibration, speeds: list[float] | None = None,
           compute_ms: list[float] | None = None, codec: str = "fp32") -> list[list[lat.Step]]:
     """Programs in seconds: each feature segment priced by ``cal`` (the link values at ``codec``'s
-    encode and decode cost) and divided by the node's speed; ``compute_ms``: rescale each node's
-    segments to this measured total instead (checks of the link model)."""
+    encode and decode cost, plus ``cal.run_s`` where it computes ops) and divided by the node's speed;
+    ``compute_ms``: rescale each node's segments to this measured total instead (checks of the link model)."""
     w = np.array([cal.flop_s, cal.op_s, cal.msg_s, cal.byte_s,
                   cal.codec_encode_s.get(codec, 0.0), cal.codec_decode_s.get(codec, 0.0)])
     out = []
     for j, p in enumerate(progs):
         sp = 1.0 if speeds is None else float(speeds[j])
-        secs = [float(s[1] @ w[:len(s[1])]) / sp if s[0] == "c" else 0.0 for s in p]
+        secs = [(float(s[1] @ w[:len(s[1])]) + (cal.run_s if s[1][1] > 0 else 0.0)) / sp if s[0] == "c" else 0.0
+                for s in p]
         if compute_ms is not None:
             tot = sum(secs)
             k = compute_ms[j] / 1e3 / tot if tot > 0 else 0.0

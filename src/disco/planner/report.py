@@ -7,6 +7,9 @@ from typing import Any
 
 from .search import PlanRequest
 
+ENGINE_NAMES = {"torch": "torch (PyTorch nodes, gloo; the calibration's costs)",
+                "onnx": "onnx (ONNX Runtime nodes, ZeroMQ; compute and messages timed on this host)"}
+
 
 def commands(res: dict[str, Any], req: PlanRequest, out_dir: str = "plan_export") -> list[str]:
     """The exact commands that build and run the recommended point."""
@@ -18,6 +21,7 @@ def commands(res: dict[str, Any], req: PlanRequest, out_dir: str = "plan_export"
     bw = "" if req.bandwidth_bps is None else f" --bandwidth {req.bandwidth_bps / 1e6:g}mbit"
     latf = f" --latency {req.latency_s * 1e3:g}ms" if req.latency_s else ""
     ck = res.get("checkpoint")
+    fmt = " --format onnx" if res.get("engine") == "onnx" else ""
     out = []
     if ck:
         if ck["nodes"] == c["nodes"] and abs(ck["ratio"] - c["ratio_target"]) < 0.02:
@@ -26,13 +30,13 @@ def commands(res: dict[str, Any], req: PlanRequest, out_dir: str = "plan_export"
             src = f"runs/plan_n{c['nodes']}_r{c['ratio_target']:g}.safetensors"
             out.append(f"disco sparsify {ck['checkpoint']} --data DATA --nodes {c['nodes']}{shares} "
                        f"--ratio {c['ratio_target']:g} --out {src}")
-        out.append(f"disco export {src} --out {out_dir} --codec {c['codec']}")
+        out.append(f"disco export {src} --out {out_dir} --codec {c['codec']}{fmt}")
     else:
         out.append(f"disco sparsify DENSE_CHECKPOINT --data DATA --nodes {c['nodes']}{shares} "
                    f"--ratio {c['ratio_target']:g} --out runs/{res['model']}_n{c['nodes']}_r{c['ratio_target']:g}"
                    ".safetensors   # for accuracy: fine-tune your trained model")
         out.append(f"disco export {res['model']} --nodes {c['nodes']}{shares} --ratio {c['ratio_target']:g} "
-                   f"--input-shape {shape} --out {out_dir} --codec {c['codec']}   # latency check, random weights")
+                   f"--input-shape {shape} --out {out_dir} --codec {c['codec']}{fmt}   # latency check, random weights")
     out.append(f"disco run {out_dir} --nodes {c['nodes']} --codec {c['codec']}{bw}{latf}")
     return out
 
@@ -54,8 +58,14 @@ def format_table(res: dict[str, Any]) -> str:
     lines.append(f"one process: {s['ms']:.1f} ms ({s['source']})")
     h = res.get("host")
     if h:
-        lines.append(f"this host: one process {h['one_process_ms_here']:.1f} ms against "
+        what = "one ONNX Runtime process" if h.get("engine") == "onnx" else "one process"
+        lines.append(f"this host: {what} {h['one_process_ms_here']:.1f} ms against "
                      f"{h['one_process_ms_calibration']:.1f} ms in the calibration: CPU costs x {h['cpu_factor']:.2f}")
+    if h and h.get("engine") == "onnx":
+        ow = h["zmq_one_way_ms"]
+        lines.append(f"this host: ZeroMQ one way {ow['unpaced']:.3f} ms ({ow['paced']:.3f} ms more when paced) for "
+                     f"{h['zmq_message_bytes']} B")
+    lines.append(f"engine priced: {ENGINE_NAMES.get(res.get('engine', 'torch'), res.get('engine'))}")
     lines.append(res["why"])
     return "\n".join(lines)
 

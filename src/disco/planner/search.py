@@ -13,6 +13,7 @@ from ..checkpoint import is_checkpoint
 from ..runtime.transport import get_codec
 from .accuracy import accuracy_for, accuracy_rows, codec_drops
 from .calibration import Calibration
+from .engines import ENGINES, onnx_calibration, require_onnx_engine
 from .host import scaled_to_host, single_process
 from .pricing import predict_ms, price
 from .programs import programs
@@ -78,6 +79,7 @@ class PlanRequest:
     max_codec_drop: float = 0.3  # a codec whose measured worst drop exceeds this is not recommended blind
     weights: str | None = None
     time_host: bool = False  # time the model here (one process, 1 thread) and scale the CPU costs to this host
+    engine: str = "torch"  # the node engine priced: torch (as calibrated) or onnx (measured here, see .engines)
 
 
 def _prepare(req: PlanRequest) -> tuple[Any, str, dict[str, Any]]:
@@ -115,10 +117,16 @@ def plan(req: PlanRequest, cal: Calibration | None = None, results: Iterable[tup
     from ..sparsify import magnitude_scores, select_links
 
     cal = cal or Calibration()
+    if req.engine not in ENGINES:
+        raise ValueError(f"engine {req.engine!r}: expected one of {', '.join(ENGINES)}")
+    if req.engine == "onnx":
+        require_onnx_engine()  # before the model is built
     model, name, facts = _prepare(req)
     shape = tuple(req.input_shape)
     host = None
-    if req.time_host:
+    if req.engine == "onnx":  # measured here: --time-host is implied
+        cal, host = onnx_calibration(cal, model, name, shape)
+    elif req.time_host:
         cal, host = scaled_to_host(cal, model, name, shape)
     codec_drop = codec_drops(codecs)
     acc_rows = accuracy_rows(results, name)
@@ -161,7 +169,8 @@ def plan(req: PlanRequest, cal: Calibration | None = None, results: Iterable[tup
     for c in pareto_front(feasible):
         c.pareto = True
     rec = recommend(feasible, req, codec_drop)
-    return {"model": name, "input_shape": list(shape), "bandwidth_bps": req.bandwidth_bps, "latency_s": req.latency_s,
+    return {"model": name, "engine": req.engine, "input_shape": list(shape), "bandwidth_bps": req.bandwidth_bps,
+            "latency_s": req.latency_s,
             "cores": req.cores, "speeds": speeds, "calibration": cal.source, "host": host,
             "checkpoint": facts or None,
             "single_process": single, "codec_worst_drop": codec_drop,
