@@ -52,8 +52,8 @@ import onnxruntime as ort
 from disco_edge.engine import session
 from disco_edge.procstat import peak_rss_mb, torch_loaded
 opt = ort.SessionOptions(); opt.intra_op_num_threads = 1; opt.inter_op_num_threads = 1
-sess = (session(sys.argv[1]) if sys.argv[3] == "engine"  # the nodes' own settings, or ONNX Runtime's defaults
-        else ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"]))
+sess = (session(sys.argv[1], "basic") if sys.argv[3] == "basic"  # the nodes' settings at the leanest level,
+        else ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"]))  # or ORT's defaults
 inp = sess.get_inputs()[0]
 x = np.random.default_rng(0).standard_normal(inp.shape).astype(np.float32)
 iters, ts = int(sys.argv[2]), []
@@ -82,7 +82,8 @@ def single_torch(model: str, shape: tuple[int, ...], iters: int) -> dict[str, An
 
 def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path, sessions: str) -> dict[str, Any]:
     """The dense model exported to ONNX here, run in a process that blocks torch, its session made as the
-    engine's nodes make theirs (``sessions="engine"``) or with ONNX Runtime's defaults (``"default"``)."""
+    engine's nodes make theirs at the basic optimisation level (``sessions="basic"``: one copy of the weights,
+    the leanest) or with ONNX Runtime's defaults (``"default"``: the fastest)."""
     import torch
 
     from disco.models import build_model
@@ -125,7 +126,7 @@ def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str,
     out: list[dict[str, Any]] = []
     for m in models:
         out += [{"model": m, "what": "single", "engine": "torch"}]
-        out += [{"model": m, "what": "single", "engine": "onnx", "sessions": s} for s in ("engine", "default")]
+        out += [{"model": m, "what": "single", "engine": "onnx", "sessions": s} for s in ("basic", "default")]
         out += [{"model": m, "what": "split", "engine": e, "nodes": n, "target_ratio": r, "budget": b,
                  "bandwidth": bw, "codec": c} for (n, r, b) in SETTINGS for e in ENGINES for bw in bandwidths
                 for c in (codec, "fp16") if c == codec or (codec, n, r, b, bw) == ("fp32", 2, 0.2, "global", "1gbit")]

@@ -175,7 +175,7 @@ def test_edge_section_states_the_memory_and_speed_targets_from_the_data():
                 "peak_rss_mb": 700.0, "torch_in_process": True},
                {"model": "resnet50", "what": "single", "engine": "onnx", "sessions": "default",
                 "latency_ms_median": 60.0, "peak_rss_mb": 200.0, "torch_in_process": False},
-               {"model": "resnet50", "what": "single", "engine": "onnx", "sessions": "engine",
+               {"model": "resnet50", "what": "single", "engine": "onnx", "sessions": "basic",
                 "latency_ms_median": 90.0, "peak_rss_mb": 160.0, "torch_in_process": False},
                split("onnx", 2, 0.2, "global", "1gbit", 45.0, 80.0, codec="fp16"),
                split("torch", 2, 0.2, "global", "1gbit", 90.0, 720.0, codec="fp16"),

@@ -16,7 +16,7 @@ COLUMNS = ["run", "engine", "processes", "peak RSS per process (MB)", "weights p
 
 def _setting(e: dict) -> str:
     if e["what"] == "single":
-        return "dense, one process" + {"engine": " (the nodes' session settings)",
+        return "dense, one process" + {"basic": " (the nodes' session settings, basic level)",
                                        "default": " (ONNX Runtime's defaults)"}.get(e.get("sessions"), "")
     split = "dense split" if e["target_ratio"] >= 1 else f"r={e['target_ratio']:g} {e['budget']}"
     return f"N={e['nodes']} {split}" + (f", {e['codec']}" if e.get("codec", "fp32") != "fp32" else "")

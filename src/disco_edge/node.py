@@ -46,8 +46,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=20.0, help="seconds for all nodes to join")
     p.add_argument("--max-rel-err", type=float,
                    help="self-test limit (default 1e-4 with fp32; unchecked with a lossy codec unless given)")
-    p.add_argument("--graph-opt", default="basic", choices=("basic", "extended", "all"),
-                   help="ONNX Runtime graph optimisation level (basic: one copy of the weights in memory)")
+    p.add_argument("--graph-opt", default="all", choices=("basic", "extended", "all"),
+                   help="ONNX Runtime graph optimisation level (default all: resnet50 N=2 r=0.2, a node 39 ms "
+                   "and 123 MB peak at all, 47 ms and 122 MB at basic)")
     p.add_argument("--threads", type=int, default=1, help="compute threads: 1 (one thread = one device)")
     p.add_argument("--io-nice", type=int, default=19, help="accepted for the torch engine's flags; unused")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks (tests only)")

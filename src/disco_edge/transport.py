@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .errors import Failed, PeerLost, Refused
 from .link import LinkModel, Pacing
@@ -192,7 +191,7 @@ class ZmqTransport:
         on its own connection, had time to arrive)."""
         for j, mon in self.monitors.items():
             while mon.poll(0):
-                if recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED:
+                if _monitor_event(mon) == zmq.EVENT_DISCONNECTED:
                     self.gone.setdefault(j, time.monotonic())
         if self.parent is not None and os.getppid() != self.parent:
             raise Failed(f"the launcher (pid {self.parent}) is gone; stopping")
@@ -271,3 +270,10 @@ class ZmqTransport:
             m.close(linger=0)
         self.inbox.close(linger=0)
         self.ctx.term()
+
+
+def _monitor_event(mon: Any) -> int:
+    """The event id of one message on a monitor socket: frame 0 is a 16-bit event and a 32-bit value (libzmq's
+    monitor API; ``zmq.utils.monitor`` reads it the same way but imports asyncio and ssl, 4 MB per node)."""
+    frames = mon.recv_multipart()
+    return struct.unpack("=hi", frames[0])[0] if len(frames) == 2 and len(frames[0]) == 6 else -1
