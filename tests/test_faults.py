@@ -72,3 +72,23 @@ def test_stream_cases_are_recorded_not_applicable_on_onnx() -> None:
     assert all(isinstance(na[f"{w}_{s}_stream"], str) for w in ("kill", "stop") for s in ("leader", "peer")), na
     assert isinstance(faults.for_engine(CASES["onnx_opset"], "torch"), str)
     assert faults.for_engine(CASES["shard_byte"], "onnx").engine == "onnx"
+
+
+def test_onnx_engine_hooks_are_off_unless_named(monkeypatch, tmp_path: Path) -> None:
+    """disco_edge.hooks: nothing without DISCO_NODE_HOOKS; bench/faults.py's hook on "inference"; a missing file
+    or a point the engine lacks ("stream") is refused (exit 2)."""
+    from disco_edge import hooks
+    from disco_edge.errors import Refused
+
+    monkeypatch.delenv(hooks.HOOKS_ENV, raising=False)
+    assert hooks.from_env() == {}
+    for k, v in faults.fault_env(1, "run", 5).items():
+        monkeypatch.setenv(k, v)
+    assert list(hooks.from_env()) == ["inference"]
+    for k, v in faults.fault_env(1, "stream", 5).items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(Refused, match="no hook point 'stream'"):
+        hooks.from_env()
+    monkeypatch.setenv(hooks.HOOKS_ENV, str(tmp_path / "none.py"))
+    with pytest.raises(Refused, match="cannot install node hooks"):
+        hooks.from_env()
