@@ -6,15 +6,19 @@
     python -m recipes.pages                                   # -> the table in docs/faults.md
 
 Each case runs the real command line (``disco run``, or the node program for the rendezvous cases) on a
-``cifar_resnet8`` export split over 2 nodes, and records the exit code, the seconds from the fault to the
-exit (from the start for refusals), the one line the command printed, and leftovers: node processes still
-alive and files left in the run's temporary folder. The quick cases also run in the test suite
-(tests/test_faults.py).
+``cifar_resnet8`` export split over 2 nodes, on each engine (``--engine torch|onnx|both``: a torch export run by
+``disco.runtime.node``, an ONNX export by ``disco_edge``), and records the exit code, the seconds from the fault
+to the exit (from the start for refusals), the one line the command printed, and leftovers: node processes still
+alive and files left in the run's temporary folder. A case's ``per`` entry for an engine either replaces some of
+its fields (that engine's equivalent fault) or says why the case does not apply there (recorded, not dropped).
+The quick cases also run in the test suite (tests/test_faults.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -26,13 +30,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DISCO = [sys.executable, "-m", "disco.cli"]
 FAULT_ENV = "DISCO_FAULT"  # JSON {"rank", "at": startup|run|stream, "after", "signal": KILL|STOP}, read in the node
 FAULT_LOG_ENV = "DISCO_FAULT_LOG"  # the node appends the fault's time here; the case times the exit from it
+# not leftovers: the fault log, and onnxruntime's telemetry session file (its import writes $TMPDIR/.ses once,
+# kept and shared by every later process: not a file of the run)
+IGNORED = ("faults.log", ".ses")
 
 
 # ---- the node side: a hook the node program imports only when DISCO_NODE_HOOKS names this file -------------
@@ -49,9 +57,9 @@ def _send_fault(rank: int, sig_name: str) -> None:
 
 
 def install_node_hooks(register: Callable[[str, Callable[..., None]], None]) -> None:
-    """Called by the node program (``disco.runtime.hooks``): rank ``rank`` sends itself ``signal`` right after
-    joining the store (``at="startup"``), before timed inference ``after`` (``"run"``) or before streamed
-    inference ``after`` (``"stream"``)."""
+    """Called by the node program (``disco.runtime.hooks`` or ``disco_edge.hooks``): rank ``rank`` sends itself
+    ``signal`` right after joining (``at="startup"``), before timed inference ``after`` (``"run"``) or before
+    streamed inference ``after`` (``"stream"``)."""
     spec = json.loads(os.environ.get(FAULT_ENV) or "{}")
     if not spec:
         return
@@ -82,11 +90,20 @@ class Case:
     signal_run: int | None = None  # sent to `disco run` once its nodes compute
     custom: Callable[[Path, float], dict] | None = None  # runs node programs itself
     needs: str = ""  # a substring the message must hold
+    per: dict[str, dict[str, Any] | str] = field(default_factory=dict)  # engine -> field overrides, or why n/a
+    engine: str = "torch"
+
+
+def for_engine(c: Case, engine: str) -> Case | str:
+    """Case ``c`` as run on ``engine`` (its overrides applied), or the reason it does not apply there."""
+    v = c.per.get(engine, {})
+    return v if isinstance(v, str) else replace(c, engine=engine, **v)
 
 
 @dataclass
 class Outcome:
     case: str
+    engine: str
     what: str
     exit_code: int | None
     expected: int
@@ -97,11 +114,13 @@ class Outcome:
     leftover_processes: int
     leftover_files: int
     ok: bool
+    not_applicable: str = ""  # why the case does not apply to this engine (then nothing ran)
 
 
 # ---- exports and edits ----------------------------------------------------------------------------------
 
-def make_export(d: Path, seed: int = 0) -> Path:
+def make_export(d: Path, seed: int = 0, engine: str = "torch") -> Path:
+    """cifar_resnet8 over 2 nodes, 30% of the links kept at random: a torch export, or an ONNX one."""
     import numpy as np
     import torch
 
@@ -109,19 +128,63 @@ def make_export(d: Path, seed: int = 0) -> Path:
     from disco.masks import DiscoModel
     from disco.models import build_model
     from disco.runtime.export import export
+    from disco.runtime.onnx_export import export_onnx
 
     torch.manual_seed(seed)
     model = build_model("cifar_resnet8").eval()
     part = partition(model, (1, 3, 32, 32), 2)
     kept = np.random.default_rng(seed).random(part.n_links) < 0.3
-    export(DiscoModel(model, part, kept).eval(), part, kept, d, {"name": "cifar_resnet8", "kwargs": {}})
+    spec = {"name": "cifar_resnet8", "kwargs": {}}
+    if engine == "onnx":
+        export_onnx(model, part, kept, d, spec)
+    else:
+        export(DiscoModel(model, part, kept).eval(), part, kept, d, spec)
     return d
 
 
-def _manifest(d: Path, fn: Callable[[dict], None]) -> None:
-    m = json.loads((d / "manifest.json").read_text())
+def _json(f: Path, fn: Callable[[dict], Any]) -> None:
+    m = json.loads(f.read_text())
     fn(m)
-    (d / "manifest.json").write_text(json.dumps(m))
+    f.write_text(json.dumps(m))
+
+
+def _manifest(d: Path, fn: Callable[[dict], Any]) -> None:
+    _json(d / "manifest.json", fn)
+
+
+def resealed(rel: str, fn: Callable[[Path], Any]) -> Callable[[Path], None]:
+    """An edit of an ONNX export: ``fn(d / rel)``, then every sha256 of the manifest and its ``manifest_hash``
+    updated to match (a self-consistent edit: only the node's own checks can tell)."""
+    def reseal(m: dict, d: Path) -> None:
+        m["files"] = {k: hashlib.sha256((d / k).read_bytes()).hexdigest() for k in m.pop("files")}
+        m.pop("manifest_hash")
+        m["manifest_hash"] = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:32]
+    return lambda d: (fn(d / rel), _manifest(d, lambda m: reseal(m, d)))
+
+
+def onnx_edit(fn: Callable[[Any], Any]) -> Callable[[Path], None]:
+    """An edit of one ONNX graph file: ``fn(its ModelProto)``."""
+    def edit(p: Path) -> None:
+        import onnx
+        g = onnx.load(p)
+        fn(g)
+        onnx.save(g, p)
+    return edit
+
+
+def _scale(g: Any) -> None:  # the largest initializer x 1.5
+    from onnx import numpy_helper
+    w = max(g.graph.initializer, key=lambda t: len(t.raw_data))
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 1.5, w.name))
+
+
+def sched_edit(rank: int, op: str, fn: Callable[[dict], Any], reseal: bool = False) -> Callable[[Path], None]:
+    """An edit of rank ``rank``'s schedule: ``fn`` on its first step of op ``op`` (then the manifest resealed)."""
+    rel = f"rank{rank}/schedule.json"
+
+    def edit(f: Path) -> None:
+        _json(f, lambda s: fn(next(st for st in s["steps"] if st["op"] == op)))
+    return resealed(rel, edit) if reseal else lambda d: edit(d / rel)
 
 
 def move_one_link(d: Path) -> None:
@@ -138,15 +201,24 @@ def move_one_link(d: Path) -> None:
     _manifest(d, f)
 
 
-def flip_shard_byte(d: Path) -> None:
-    raw = bytearray((d / "node1.safetensors").read_bytes())
-    raw[-9] ^= 0xFF
-    (d / "node1.safetensors").write_bytes(bytes(raw))
+def flip_byte(rel: str) -> Callable[[Path], None]:
+    def edit(d: Path) -> None:
+        raw = bytearray((d / rel).read_bytes())
+        raw[-9] ^= 0xFF
+        (d / rel).write_bytes(bytes(raw))
+    return edit
 
 
-def swap_in_other_shard(d: Path) -> None:
-    other = make_export(d.parent / (d.name + "-other"), seed=1)
-    shutil.copy(other / "node1.safetensors", d / "node1.safetensors")
+def _copy(src: Path, dst: Path) -> None:
+    _ = shutil.copytree(src, dst, dirs_exist_ok=True) if src.is_dir() else shutil.copy(src, dst)
+
+
+def from_other_export(rel: str) -> Callable[[Path], None]:
+    """Replace ``rel`` (a file or a rank folder) by its namesake in another export (seed 1) of the same engine."""
+    def edit(d: Path) -> None:
+        engine = "onnx" if (d / "rank0" / "schedule.json").is_file() else "torch"
+        _copy(make_export(d.parent / (d.name + "-other"), seed=1, engine=engine) / rel, d / rel)
+    return edit
 
 
 def _set(key: str, value: object) -> Callable[[Path], None]:
@@ -161,15 +233,13 @@ def _env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _fault_time(tmp: Path) -> float | None:
-    f = tmp / "faults.log"
-    if not f.is_file():
-        return None
-    lines = f.read_text().split()
+    lines = (tmp / "faults.log").read_text().split() if (tmp / "faults.log").is_file() else []
     return float(lines[0]) if lines else None
 
 
 def _nodes_of(d: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"disco.runtime.node {d}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"(disco\\.runtime\\.node|disco_edge) {d}"], capture_output=True,
+                         text=True).stdout
     return [int(p) for p in out.split()]
 
 
@@ -177,11 +247,9 @@ def _leftovers(d: Path, tmp: Path) -> tuple[int, int]:
     time.sleep(0.5)
     procs = _nodes_of(d)
     for p in procs:  # clean up after a failed case, so the next one starts clean
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    files = [p for p in tmp.iterdir() if p.name != "faults.log"]
+    files = [p for p in tmp.iterdir() if p.name not in IGNORED]
     return len(procs), len(files)
 
 
@@ -223,14 +291,15 @@ def run_cli_case(c: Case, d: Path, tmp: Path, timeout: float) -> Outcome:
     procs, files = _leftovers(d, tmp)
     t_msg, msg = lines[-1] if lines else (t_end, "")
     ok = p.returncode == c.expect and procs == 0 and files == 0 and c.needs in msg
-    return Outcome(c.name, c.what, p.returncode, c.expect, round(t_msg - t0, 1), round(t_end - t0, 1), msg,
-                   len(lines), procs, files, ok)
+    return Outcome(c.name, c.engine, c.what, p.returncode, c.expect, round(t_msg - t0, 1), round(t_end - t0, 1),
+                   msg, len(lines), procs, files, ok)
 
 
-def _node(d: Path, rank: int, port: int, extra: list[str] | None = None) -> list[str]:
-    return [sys.executable, "-m", "disco.runtime.node", str(d), "--rank", str(rank), "--world-size", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(port), "--startup-timeout", "5", "--iters", "1",
-            "--warmup", "0", *(extra or [])]
+def _node(d: Path, rank: int, port: int) -> list[str]:
+    """Node ``rank``'s command line on the export's engine (as ``disco run`` starts it)."""
+    from disco.runtime.launch import node_command
+
+    return node_command(d, rank, 2, port, ["--startup-timeout", "5", "--iters", "1", "--warmup", "0"])
 
 
 def _run_nodes(c: Case, d: Path, tmp: Path, cmds: list[list[str]], envs: list[dict[str, str]]) -> Outcome:
@@ -249,9 +318,9 @@ def _run_nodes(c: Case, d: Path, tmp: Path, cmds: list[list[str]], envs: list[di
     left, files = _leftovers(d, tmp)
     lines = [ln for e in errs for ln in e.splitlines() if ln.startswith("disco node")]
     code = max(codes, key=lambda x: (x != 0, x))  # the case's code: the worst node's
-    ok = all(x == c.expect for x in codes) and left == 0 and all(c.needs in ln for ln in lines[:1])
-    return Outcome(c.name, c.what, code, c.expect, round(t_end - t0, 1), round(t_end - t0, 1), " | ".join(lines),
-                   len(lines), left, files, ok)
+    ok = code == c.expect and 0 not in codes and left == 0 and all(c.needs in ln for ln in lines[:1])
+    return Outcome(c.name, c.engine, c.what, code, c.expect, round(t_end - t0, 1), round(t_end - t0, 1),
+                   " | ".join(lines), len(lines), left, files, ok)
 
 
 def _held_port(rank: int) -> Callable[[Case, Path, Path], Outcome]:
@@ -273,7 +342,13 @@ def wrong_token(c: Case, d: Path, tmp: Path) -> Outcome:
                       [_env(tmp, {"DISCO_RUN_TOKEN": "a"}), _env(tmp, {"DISCO_RUN_TOKEN": "b"})])
 
 
+NO_STREAM = "the onnxruntime engine refuses --stream (exit 2: case stream_option)"
+ONNX_ONLY = "a torch export has no ONNX graphs nor per-rank schedule"
+MH = "'manifest_hash'"  # an ONNX export's manifest edits are caught by its hash
+
+
 def cases() -> list[Case]:
+    """Every case, with its ONNX-engine equivalent or the reason it has none (``per``)."""
     out = []
     for who, rank in (("leader", 0), ("non-leader", 1)):
         lost = f"lost rank {rank}"
@@ -284,40 +359,71 @@ def cases() -> list[Case]:
             out.append(Case(f"{tag}_run", f"SIG{sig} of the {who} after 5 inferences", 3,
                             fault=fault_env(rank, "run", 5, sig), needs=lost))
             out.append(Case(f"{tag}_stream", f"SIG{sig} of the {who} mid-stream (--stream 8)", 3,
-                            ["--iters", "60", "--stream", "8"], fault=fault_env(rank, "stream", 20, sig), needs=lost))
+                            ["--iters", "60", "--stream", "8"], fault=fault_env(rank, "stream", 20, sig), needs=lost,
+                            per={"onnx": NO_STREAM}))
+    graph = "rank1/seg0.onnx"
     out += [
-        Case("edit_kept", "manifest: one kept link moved", 2, edit=move_one_link, needs="field 'kept'"),
+        Case("edit_kept", "manifest: one kept link moved", 2, edit=move_one_link, needs="field 'kept'",
+             per={"onnx": dict(what="rank1/schedule.json: one send's tag edited", needs="schedule.json: sha256",
+                               edit=sched_edit(1, "send", lambda st: st.update(tag=st["tag"] + 1)))}),
         Case("edit_shard_sha", "manifest: a shard's sha256 edited", 2,
-             edit=lambda d: _manifest(d, lambda m: m["shards"][1].update(sha256="0" * 64)), needs="'shards'"),
+             edit=lambda d: _manifest(d, lambda m: m["shards"][1].update(sha256="0" * 64)), needs="'shards'",
+             per={"onnx": dict(what="manifest: a graph's sha256 edited", needs=MH,
+                               edit=lambda d: _manifest(d, lambda m: m["files"].update({graph: "0" * 64})))}),
         Case("edit_manifest_hash", "manifest: manifest_hash edited", 2, edit=_set("manifest_hash", "0" * 32),
-             needs="'manifest_hash'"),
-        Case("edit_codec", "manifest: codec edited", 2, edit=_set("codec", "int8"), needs="'codec'"),
+             needs=MH),
+        Case("edit_codec", "manifest: codec edited", 2, edit=_set("codec", "int8"), needs="'codec'",
+             per={"onnx": dict(needs=MH)}),
         Case("missing_key", "manifest: model_hash removed", 2,
-             edit=lambda d: _manifest(d, lambda m: m.pop("model_hash")), needs="'model_hash' missing"),
+             edit=lambda d: _manifest(d, lambda m: m.pop("model_hash")), needs="'model_hash' missing",
+             per={"onnx": dict(what="manifest: manifest_hash removed", needs="'manifest_hash' missing",
+                               edit=lambda d: _manifest(d, lambda m: m.pop("manifest_hash")))}),
         Case("weights_path", "manifest: model.kwargs.weights = /etc/passwd", 2,
              edit=lambda d: _manifest(d, lambda m: m["model"]["kwargs"].update(weights="/etc/passwd")),
-             needs="model.kwargs.weights"),
+             needs="model.kwargs.weights",
+             per={"onnx": "an ONNX node builds no model: its weights are inside its graphs (case shard_file_path: "
+                          "a graph outside the rank folder)"}),
         Case("shard_file_path", "manifest: shards[0].file = ../x", 2,
              edit=lambda d: _manifest(d, lambda m: m["shards"][0].update(file="../x.safetensors")),
-             needs="shards[0]"),
-        Case("shard_byte", "shard: one byte of node1 flipped", 2, edit=flip_shard_byte, needs="node1"),
-        Case("shard_other_export", "shard: node1 from another export", 2, edit=swap_in_other_shard,
-             needs="another model"),
+             needs="shards[0]",
+             per={"onnx": dict(what="rank1/schedule.json runs ../rank0/seg0.onnx (resealed)",
+                               edit=sched_edit(1, "run", lambda st: st.update(graph="../rank0/" + st["graph"]), True),
+                               needs="outside its folder")}),
+        Case("shard_byte", "shard: one byte of node1 flipped", 2, edit=flip_byte("node1.safetensors"), needs="node1",
+             per={"onnx": dict(what=f"{graph}: one byte flipped", edit=flip_byte(graph), needs="sha256 differs")}),
+        Case("shard_other_export", "shard: node1 from another export", 2,
+             edit=from_other_export("node1.safetensors"), needs="another model",
+             per={"onnx": dict(what="rank1/ from another export", edit=from_other_export("rank1"),
+                               needs="sha256 differs")}),
+        Case("rank_swap", "rank0/ replaced by rank1/", 2, edit=lambda d: _copy(d / "rank1", d / "rank0"),
+             needs="rank 1's folder", per={"torch": ONNX_ONLY}),
+        Case("onnx_opset", f"{graph} at opset 99 (manifest resealed)", 2,
+             edit=resealed(graph, onnx_edit(lambda g: g.opset_import[0].__setattr__("version", 99))),
+             needs="cannot load it", per={"torch": ONNX_ONLY}),
+        Case("recv_shape", "rank0/schedule.json: a recv's shape edited (resealed)", 3, needs="the schedule says",
+             edit=sched_edit(0, "recv", lambda st: st["shape"].__setitem__(1, st["shape"][1] + 1), True),
+             per={"torch": ONNX_ONLY}),
+        Case("weights_resealed", f"{graph}: a weight scaled (resealed)", 3, edit=resealed(graph, onnx_edit(_scale)),
+             needs="self-test", per={"torch": "a torch shard records its digests inside (case shard_byte)"}),
         Case("bad_codec", "option: --codec fp8", 2, ["--codec", "fp8"], needs="fp8"),
+        Case("stream_option", "option: --stream 8", 2, ["--stream", "8"], needs="--stream",
+             per={"torch": "the torch engine streams (the *_stream cases)"}),
         Case("sigterm", "SIGTERM to disco run mid-run", 128 + signal.SIGTERM, signal_run=signal.SIGTERM,
              needs="SIGTERM"),
         Case("sigint", "SIGINT (Ctrl-C) to disco run mid-run", 128 + signal.SIGINT, signal_run=signal.SIGINT,
              needs="SIGINT"),
         Case("foreign_listener", "non-leader; master port held by another program", 3, custom=_held_port(1),
-             needs="cannot reach the leader's store"),
-        Case("port_in_use", "leader; master port already in use", 3, custom=_held_port(0), needs="in use"),
-        Case("wrong_token", "two nodes with different run tokens", 3, custom=wrong_token, needs="not there"),
+             needs="cannot reach the leader's store", per={"onnx": dict(needs="lost rank 0")}),
+        Case("port_in_use", "leader; master port already in use", 3, custom=_held_port(0), needs="in use",
+             per={"onnx": dict(expect=2)}),  # the onnxruntime engine refuses before compute (exit 2)
+        Case("wrong_token", "two nodes with different run tokens", 3, custom=wrong_token, needs="not there",
+             per={"onnx": dict(needs="another run token")}),
     ]
     return out
 
 
 def run_case(c: Case, base: Path, timeout: float) -> Outcome:
-    """Run case ``c`` on a copy of the export ``base`` (in its own temporary folder)."""
+    """Run case ``c`` (as :func:`for_engine` gives it) on a copy of the export ``base`` of its engine."""
     with tempfile.TemporaryDirectory(prefix=f"disco-fault-{c.name}-") as root:
         d, tmp = Path(root) / "export", Path(root) / "tmp"
         shutil.copytree(base, d)
@@ -332,27 +438,33 @@ def run_case(c: Case, base: Path, timeout: float) -> Outcome:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
+    ap.add_argument("--engine", default="both", choices=("torch", "onnx", "both"))
     ap.add_argument("--timeout", type=float, default=10.0, help="--timeout of every run (s)")
     ap.add_argument("--out", default=str(ROOT / "results" / "faults.json"))
     ap.add_argument("--resume", action="store_true", help="keep the cases already in --out, run the others")
     args = ap.parse_args()
+    engines = ("torch", "onnx") if args.engine == "both" else (args.engine,)
     todo = cases()
     if args.cases:
         want = args.cases.split(",")
         todo = sorted((c for c in todo if c.name in want), key=lambda c: want.index(c.name))
     out_path = Path(args.out)
     old = json.loads(out_path.read_text()) if args.resume and out_path.is_file() else {}
-    results = [r for r in old.get("cases", []) if old.get("timeout_s") == args.timeout]
-    todo = [c for c in todo if c.name not in {r["case"] for r in results}]
+    results = [r for r in old.get("cases", []) if old.get("timeout_s") == args.timeout and "engine" in r]
+    done = {(r["case"], r["engine"]) for r in results}
+    order = {k: i for i, k in enumerate((c.name, e) for c in cases() for e in ("torch", "onnx"))}
     with tempfile.TemporaryDirectory(prefix="disco-faults-") as tmp:
-        base = make_export(Path(tmp) / "base")
-        for c in todo:
-            o = run_case(c, base, args.timeout)
-            print(f"{'ok  ' if o.ok else 'FAIL'} {o.case}: exit {o.exit_code}, message after {o.seconds} s "
-                  f"(process gone after {o.seconds_to_exit} s), "
-                  f"{o.leftover_processes} processes / {o.leftover_files} files left: {o.message}", flush=True)
+        bases = {e: make_export(Path(tmp) / e, engine=e) for e in engines}
+        for c, e in ((c, e) for c in todo for e in engines if (c.name, e) not in done):
+            ce = for_engine(c, e)
+            o = Outcome(c.name, e, c.what, None, c.expect, 0.0, 0.0, "", 0, 0, 0, True, ce) if isinstance(
+                ce, str) else run_case(ce, bases[e], args.timeout)
+            print(f"{'ok  ' if o.ok else 'FAIL'} {e} {o.case}: exit {o.exit_code}, message after {o.seconds} s "
+                  f"(process gone after {o.seconds_to_exit} s), {o.leftover_processes} processes / "
+                  f"{o.leftover_files} files left: {o.message or o.not_applicable}", flush=True)
             results.append(asdict(o))
-            out = {"timeout_s": args.timeout, "nodes": 2, "model": "cifar_resnet8",
+            results.sort(key=lambda r: order.get((r["case"], r["engine"]), len(order)))  # by case, then engine
+            out = {"timeout_s": args.timeout, "nodes": 2, "model": "cifar_resnet8", "engines": ["torch", "onnx"],
                    "command": f"python -m bench.faults --timeout {args.timeout:g}", "cases": results}
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(out, indent=1) + "\n")  # after every case: a long run can be resumed

@@ -7,23 +7,29 @@ from .md import md_table
 
 
 def faults_table(data: dict) -> str:
-    """One row per fault case: exit code, seconds to the message and to the exit, the message, leftovers."""
+    """One row per fault case and engine: exit code, seconds to the message and to the exit, the message,
+    leftovers; a case that does not apply to an engine says why."""
     rows = []
     for c in data["cases"]:
+        engine = c.get("engine", "torch")
+        if c.get("not_applicable"):
+            rows.append([c["what"], engine, "n/a", "", "", f"not applicable: {c['not_applicable']}", ""])
+            continue
         msg = c["message"].replace("|", "\\|")
         msg = msg if len(msg) <= 160 else msg[:157] + "..."
         code = f"{c['exit_code']}" + ("" if c["exit_code"] == c["expected"] else f" ({c['expected']}!)")
-        rows.append([c["what"], code, f"{c['seconds']:.1f}", f"{c['seconds_to_exit']:.1f}", msg,
+        rows.append([c["what"], engine, code, f"{c['seconds']:.1f}", f"{c['seconds_to_exit']:.1f}", msg,
                      f"{c['leftover_processes']}, {c['leftover_files']}"])
-    bad = [c["case"] for c in data["cases"] if not c["ok"]]
+    run = [c for c in data["cases"] if not c.get("not_applicable")]
+    bad = [f"{c['case']} ({c.get('engine', 'torch')})" for c in run if not c["ok"]]
     return "\n".join([
         f"Every run: `--timeout {data['timeout_s']:g}`, {data['model']} over {data['nodes']} nodes "
         f"(`{data['command'].strip()}`). Seconds count from the fault (from the start for refusals); "
         "\"exit\" adds the launcher's own interpreter teardown.", "",
-        md_table(rows, ["case", "exit code (expected)", "s to message", "s to exit", "message",
+        md_table(rows, ["case", "engine", "exit code (expected)", "s to message", "s to exit", "message",
                         "leftovers (processes, files)"]), "",
-        f"{len(data['cases']) - len(bad)} of {len(data['cases'])} cases as expected"
-        + (f"; not: {', '.join(bad)}" if bad else "") + "."])
+        f"{len(run) - len(bad)} of {len(run)} runs as expected" + (f"; not: {', '.join(bad)}" if bad else "")
+        + f"; {len(data['cases']) - len(run)} not applicable."])
 
 
 def soak_table(data: dict) -> str:

@@ -122,6 +122,19 @@ def _check_schedule(s: Any, folder: Path, rank: int, nodes: int) -> None:
             raise Refused(f"{folder}/schedule.json step {i}: unknown op {st.get('op')!r} (known: {STEP_OPS})")
 
 
+def check_manifest_hash(man: dict[str, Any], path: Path) -> None:
+    """Refuse a manifest whose ``manifest_hash`` (sha256[:32] of its other fields' JSON, sort_keys) does not match
+    (required in a ``disco export --format onnx`` manifest): an edited codec or file list is caught here."""
+    want = man.get("manifest_hash")
+    if want is None and man.get("format") != "disco-onnx":
+        return
+    rest = {k: v for k, v in man.items() if k != "manifest_hash"}
+    if want != hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:32]:
+        why = "missing" if want is None else "does not match the other fields"
+        raise Refused(f"{path}: field 'manifest_hash' {why} (the manifest was edited after export: copy the export "
+                      "again)")
+
+
 def load(path: str | Path, rank: int, nodes: int, verify: bool = True) -> Bundle:
     """Read and verify rank ``rank``'s folder: schedule, every graph's sha256 against the manifest."""
     folder, man_path = locate(path, rank)
@@ -132,12 +145,15 @@ def load(path: str | Path, rank: int, nodes: int, verify: bool = True) -> Bundle
     names = sorted({st["graph"] for st in sched["steps"] if st["op"] == "run"})
     for name in names:
         p = folder / name
-        if not p.is_file() or p.parent != folder:
+        if p.parent != folder:
+            raise Refused(f"{folder}/schedule.json runs {name!r}, outside its folder (an edited schedule?)")
+        if not p.is_file():
             raise Refused(f"{p} is missing (the schedule runs it)")
         b.graphs[name] = p
     if verify:
         if man_path is None:
             raise Refused(f"no manifest.json next to {folder} to verify its files (copy it with the rank folder)")
+        check_manifest_hash(man, man_path)
         for name in ["schedule.json", *names]:
             want = expected_sha256(man, rank, name)
             if want is None:

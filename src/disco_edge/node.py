@@ -79,7 +79,7 @@ class Node:
     """One rank's start-up, self-test, serving loop and report."""
 
     def __init__(self, a: argparse.Namespace) -> None:
-        from . import bundle
+        from . import bundle, hooks
         from .codecs import get_codec
         from .link import LinkModel, parse_bandwidth, parse_latency
 
@@ -91,6 +91,12 @@ class Node:
         if a.rank == 0 and self.ref is None:
             raise Refused(f"{self.b.folder} has no reference.npz (rank 0 needs it for the self-test)")
         self.tr: Any = None
+        self.hooks = hooks.from_env()  # {} unless DISCO_NODE_HOOKS is set (fault injection)
+
+    def fire(self, point: str, **context: Any) -> None:
+        """Run the hooks installed at ``point`` (none in production)."""
+        for fn in self.hooks.get(point, ()):
+            fn(rank=self.a.rank, **context)
 
     def start(self) -> None:
         from .engine import Engine
@@ -137,12 +143,16 @@ class Node:
         """Rank 0: warm-up + timed inferences, then ``end``; others: follow ``go`` until ``end``."""
         a = self.a
         if a.rank != 0:
+            k = 0
             while self.tr.control(0).get("go"):
+                self.fire("inference", k=k)
                 self.engine.infer(None)
+                k += 1
             return {}
         x = self.ref[0] if a.input is None else [np.load(a.input).astype(np.float32)]
         lat = []
-        for _ in range(a.warmup + a.iters):
+        for k in range(a.warmup + a.iters):
+            self.fire("inference", k=k)
             t0 = time.perf_counter()
             self._step(x)
             lat.append(time.perf_counter() - t0)
@@ -183,8 +193,10 @@ def run(a: argparse.Namespace) -> dict[str, Any] | None:
     """The whole life of one node; returns rank 0's report."""
     check_args(a)
     node = Node(a)
+    linger, lost = 2000, None
     try:
         node.start()
+        node.fire("startup")
         err = node.self_test()
         done = node.serve()
         node.tr.flush()
@@ -197,10 +209,11 @@ def run(a: argparse.Namespace) -> dict[str, Any] | None:
     except (Failed, Refused) as e:
         if node.tr is not None:
             node.tr.tell_stop(f"rank {a.rank}: {e}")
+        linger, lost = 500, getattr(e, "peer", None)  # the stop notices get out; nothing waits for a lost peer
         raise
     finally:
         if node.tr is not None:
-            node.tr.close()
+            node.tr.close(linger, lost)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -260,12 +260,14 @@ class ZmqTransport:
             except zmq.ZMQError:
                 pass
 
-    def close(self, linger_ms: int = 2000) -> None:
+    def close(self, linger_ms: int = 2000, lost: int | None = None) -> None:
+        """Close every socket; messages still queued get ``linger_ms`` to leave, none to ``lost`` or a closed
+        connection (they never would: the context's end would wait that long for them)."""
         if self._q is not None:
             self._q.put(None)
-        for s in self.out.values():
+        for j, s in self.out.items():
             s.disable_monitor()
-            s.close(linger=linger_ms)
+            s.close(linger=0 if j == lost or j in self.gone else linger_ms)
         for m in self.monitors.values():
             m.close(linger=0)
         self.inbox.close(linger=0)
