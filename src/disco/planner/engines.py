@@ -23,18 +23,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import RefusedError
+from ..timing import median_ms
 from .calibration import Calibration
 from .host import scaled_to_host
 
@@ -53,16 +51,6 @@ def require_onnx_engine() -> None:
                            f"pip install {' '.join(missing)}, or plan --engine torch")
 
 
-def _median_s(fn: Callable[[], Any], reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def _timed_session(path: Path, shape: tuple[int, ...], reps: int) -> float:
     """Median seconds of one run of the ONNX graph at ``path`` in the node engine's session (one input)."""
     import numpy as np
@@ -71,7 +59,7 @@ def _timed_session(path: Path, shape: tuple[int, ...], reps: int) -> float:
 
     sess = session(path)
     feeds = {sess.get_inputs()[0].name: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
-    return _median_s(lambda: sess.run(None, feeds), reps)
+    return median_ms(lambda: sess.run(None, feeds), reps, warmup=1) / 1e3
 
 
 def _chain(path: Path, ops: int, conv: bool) -> tuple[int, ...]:
