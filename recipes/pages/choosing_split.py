@@ -39,7 +39,9 @@ OUTRO = [
     "ZeroMQ ping-pong of the engine's transport: plain, through its pacing thread holding each message for "
     "0.5 ms, and with both processes computing between messages (the per-message costs, what busy cores add "
     "to a message, and how much two computing processes slow each other). The rows with engine onnxruntime "
-    "run those plans; what the host's other load does to the nodes while they run is not in the prediction.", "",
+    "run those plans (`chrt -f 10 python -m bench.plan_validate 6,7,8,9`: under SCHED_FIFO, so a training in "
+    "the background could not preempt them); the unshaped rows are still under-predicted: a node's Python per "
+    "step between ONNX Runtime runs is not priced.", "",
     "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
 COLUMNS = ["", "N", "r", "codec", "predicted ms", "MB moved", "weights per node (MB, max)",
            "memory per node (MB, max)"]
