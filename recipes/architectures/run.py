@@ -4,6 +4,7 @@ it move; or the exact one-line refusal. Calls the ``disco`` command line only (e
 writes docs/architectures.md from it.
 
     nice -n 10 .venv/bin/python recipes/architectures/run.py            # all models, skipping those done
+    nice -n 10 .venv/bin/python recipes/architectures/run.py --engine onnx   # the ONNX engine's column
     .venv/bin/python -m recipes.pages                                    # then the page
 """
 
@@ -91,6 +92,26 @@ def try_model(name: str, source: str, shape: str = SHAPE) -> dict:
     return entry
 
 
+def try_onnx(e: dict) -> dict:
+    """The ONNX engine's column (issue 30): a model that splits is exported with ``--format onnx`` (the export
+    proves its ONNX graphs against the model's own forward) and run by the torch-free engine."""
+    model = f"timm/{e['model']}" if e["source"] == "timm" else e["model"]
+    with tempfile.TemporaryDirectory(prefix="disco-arch-onnx-") as d:
+        out = str(Path(d) / "export")
+        r = _disco("export", model, "--nodes", str(NODES), "--ratio", str(RATIO), "--input-shape", e["input_shape"],
+                   "--out", out, "--format", "onnx", "--json")
+        if r.returncode != 0:
+            return {**e, "onnx_ok": False, "onnx_error": _last_line(r)}
+        r = _disco("run", out, "--nodes", str(NODES), "--json", "--warmup", "0", "--iters", "1", "--timeout", "600")
+        if r.returncode != 0 or not r.stdout.strip():
+            return {**e, "onnx_ok": False, "onnx_error": _last_line(r)}
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    err = rep["max_rel_err_vs_single_process"]
+    return {**e, "onnx_max_rel_err": err, "onnx_bytes_sent_total": rep["bytes_sent_total"],
+            "onnx_engine": rep.get("engine"), "onnx_ok": rep.get("engine") == "onnxruntime" and (err or 0.0) <= TOL
+            and rep["bytes_sent_total"] == rep["bytes_predicted"] == e["bytes_predicted"]}
+
+
 def _key(e: dict) -> str:
     return f"{e['source']}:{e['model']}"
 
@@ -99,8 +120,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="model names to (re)try")
     ap.add_argument("--force", action="store_true", help="retry models already in the JSON")
+    ap.add_argument("--engine", choices=("torch", "onnx"), default="torch",
+                    help="onnx: add the ONNX engine's column to the models that split (those not done yet)")
     a = ap.parse_args()
     entries = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    if a.engine == "onnx":
+        for k, e in enumerate(entries):
+            if e.get("ok") and (a.only is None or e["model"] in a.only) and (a.force or "onnx_ok" not in e):
+                entries[k] = try_onnx(e)
+                print(json.dumps({x: entries[k].get(x) for x in ("model", "onnx_ok", "onnx_max_rel_err",
+                                                                   "onnx_error")}), flush=True)
+                RESULTS.write_text(json.dumps(entries, indent=1) + "\n")
+        return 0
     done = {_key(e) for e in entries}
     for name, source, *shape in MODELS:
         key = f"{source}:{name}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .md import md_table
 
 COLUMNS = ["model", "source", "input", "partitions", "dense MB", "r", "max rel. error", "bytes sent = predicted",
-           "result"]
+           "result", "ONNX engine"]
 HOW = ("How an architecture is split, or refused: every op of the traced graph needs a rule (`disco.graph`); a "
        "module type's rule covers a subclass only when the subclass keeps the forward, so a subclass that "
        "computes something else (timm's `StdConv2d` standardises its weights) is refused by name instead of "
@@ -27,7 +27,7 @@ def _row(e: dict) -> list[object]:
         why = e.get("refusal", "").replace("|", "\\|")
         dense = f"{e['dense_bytes'] / 1e6:.1f}" if e.get("partitions") else ""
         return [e["model"], e["source"], e["input_shape"], "yes" if e.get("partitions") else "no", dense, "", "", "",
-                f"refused: `{why}`"]
+                f"refused: `{why}`", ""]
     err = e.get("max_rel_err")
     same = e.get("bytes_sent_total") == e.get("bytes_predicted") and e.get("bytes_sent_total") is not None
     res = "ok" if e.get("ok") else f"FAILED: `{e.get('run_error', 'error above 1e-4 or bytes differ')}`"
@@ -37,7 +37,17 @@ def _row(e: dict) -> list[object]:
             f", max rel. error {proved:.1e})" if proved is not None else ")")
     return [e["model"], e["source"], e["input_shape"], "yes", f"{e['dense_bytes'] / 1e6:.1f}",
             f"{e.get('ratio', float('nan')):.3f}",
-            "n/a" if err is None else f"{err:.1e}", f"{'yes' if same else 'no'} ({e.get('bytes_sent_total')})", res]
+            "n/a" if err is None else f"{err:.1e}", f"{'yes' if same else 'no'} ({e.get('bytes_sent_total')})", res,
+            _onnx(e)]
+
+
+def _onnx(e: dict) -> str:
+    """The ONNX engine's cell: its error and the bytes check, a failure's reason, or not run yet."""
+    if "onnx_ok" not in e:
+        return "not run yet"
+    if e.get("onnx_error"):
+        return "FAILED: `" + e["onnx_error"].replace("|", "\\|") + "`"
+    return f"{'ok' if e['onnx_ok'] else 'FAILED'}: {e['onnx_max_rel_err']:.1e}, bytes {e['onnx_bytes_sent_total']}"
 
 
 def page(entries: list[dict]) -> str:
@@ -52,7 +62,9 @@ def page(entries: list[dict]) -> str:
         f"parallelism (`disco cost MODEL --nodes {n} --ratio 1`). Then `disco export MODEL --nodes {n} "
         f"--ratio {r}` (links by magnitude; the export is proved against the model's own forward) and "
         f"`disco run DIR --nodes {n} --json`: the split's largest relative error against the single-process "
-        "model, and whether the bytes it sent equal the cost model's.", "", HOW, "",
+        "model, and whether the bytes it sent equal the cost model's. *ONNX engine*: the same split exported with "
+        "`--format onnx` and run by the torch-free engine (`recipes/architectures/run.py --engine onnx`).", "",
+        HOW, "",
         md_table(map(_row, entries), COLUMNS),
         "", "## Exchange placement", "", PLACEMENT, "", "<!-- table:placement -->", "<!-- /table:placement -->"]
     return "\n".join(lines) + "\n"
