@@ -87,6 +87,20 @@ def test_export_refuses_a_split_that_differs_from_the_models_forward(tmp_path: P
     assert not (tmp_path / "onnx").exists()
 
 
+def test_export_refuses_a_model_whose_output_is_constant(tmp_path: Path) -> None:
+    """A zero last layer makes every split pass an output comparison: the ONNX export refuses (its proof
+    compares outputs only) instead of reporting 0/0 as a pass."""
+    torch.manual_seed(0)
+    model = _Tiny().eval()
+    nn.init.zeros_(model.c2.weight)
+    if model.c2.bias is not None:
+        nn.init.zeros_(model.c2.bias)
+    part = partition(model, (1, 3, 8, 8), 2)
+    with pytest.raises(RefusedError, match="does not depend on its input"):
+        export_onnx(model, part, None, tmp_path / "onnx", {"name": "x", "kwargs": {}})
+    assert not (tmp_path / "onnx").exists()
+
+
 def test_cli_export_format_onnx(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     from disco.cli import main
 

@@ -96,15 +96,16 @@ def try_onnx(e: dict) -> dict:
     """The ONNX engine's column (issue 30): a model that splits is exported with ``--format onnx`` (the export
     proves its ONNX graphs against the model's own forward) and run by the torch-free engine."""
     model = f"timm/{e['model']}" if e["source"] == "timm" else e["model"]
+    e = {k: v for k, v in e.items() if not k.startswith("onnx_")}  # a retry's fields replace the last try's
     with tempfile.TemporaryDirectory(prefix="disco-arch-onnx-") as d:
         out = str(Path(d) / "export")
         r = _disco("export", model, "--nodes", str(NODES), "--ratio", str(RATIO), "--input-shape", e["input_shape"],
                    "--out", out, "--format", "onnx", "--json")
         if r.returncode != 0:
-            return {**e, "onnx_ok": False, "onnx_error": _last_line(r)}
+            return {**e, "onnx_ok": False, "onnx_error": _last_line(r), "onnx_exit_code": r.returncode}
         r = _disco("run", out, "--nodes", str(NODES), "--json", "--warmup", "0", "--iters", "1", "--timeout", "600")
         if r.returncode != 0 or not r.stdout.strip():
-            return {**e, "onnx_ok": False, "onnx_error": _last_line(r)}
+            return {**e, "onnx_ok": False, "onnx_error": _last_line(r), "onnx_exit_code": r.returncode}
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     err = rep["max_rel_err_vs_single_process"]
     return {**e, "onnx_max_rel_err": err, "onnx_bytes_sent_total": rep["bytes_sent_total"],

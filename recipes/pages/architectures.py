@@ -46,7 +46,8 @@ def _onnx(e: dict) -> str:
     if "onnx_ok" not in e:
         return "not run yet"
     if e.get("onnx_error"):
-        return "FAILED: `" + e["onnx_error"].replace("|", "\\|") + "`"
+        why = "refused" if e.get("onnx_exit_code") == 2 else "FAILED"
+        return f"{why}: `" + e["onnx_error"].replace("|", "\\|") + "`"
     return f"{'ok' if e['onnx_ok'] else 'FAILED'}: {e['onnx_max_rel_err']:.1e}, bytes {e['onnx_bytes_sent_total']}"
 
 

@@ -100,7 +100,7 @@ class Bundle:
             def pick(specs: list[dict[str, Any]], alias: str) -> list[np.ndarray]:
                 if all(s["name"] in z for s in specs):
                     return [z[s["name"]] for s in specs]
-                if len(specs) == 1:
+                if len(specs) == 1 and alias in z:  # one tensor; one leaf of a dict or tuple is ``output.0``
                     return [z[alias]]
                 return [z[f"{alias}.{i}"] for i in range(len(specs))]
             try:

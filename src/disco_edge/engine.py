@@ -112,8 +112,8 @@ class Engine:
 
 def _run(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
     names_in, names_out = e.io[st["graph"]]
-    if sorted(names_in) == sorted(st["inputs"]):  # the graph's inputs carry the env names (disco export)
-        feeds = {v: env[v] for v in st["inputs"]}
+    if set(names_in) <= set(st["inputs"]):  # the graph's inputs carry the env names (disco export); an input the
+        feeds = {v: env[v] for v in names_in}  # exporter dropped (only its static shape was read) is not fed
     else:  # else by position
         feeds = dict(zip(names_in, (env[v] for v in st["inputs"]), strict=True))
     outs = e.sessions[st["graph"]].run(names_out, feeds)
