@@ -231,3 +231,23 @@ def test_onnx_export_runs_on_two_network_namespaces(tmp_path: Path) -> None:
     assert rep["engine"] == "onnxruntime" and rep["torch_in_node"] == [False, False]
     assert rep["bytes_sent_total"] == rep["bytes_predicted"] == man["bytes_predicted"]
     assert rep["max_rel_err_vs_single_process"] <= 1e-4
+
+
+def test_run_step_feeds_only_the_inputs_a_graph_kept() -> None:
+    """torch.onnx.export drops an input whose static shape was all a segment read (lraspp's interpolate to the
+    input's size): the engine feeds the graph only the inputs it declares, by name."""
+    from types import SimpleNamespace
+
+    from disco_edge.engine import STEPS
+
+    fed = {}
+
+    class Session:
+        def run(self, names_out, feeds):  # noqa: ANN001, ANN202
+            fed.update(feeds)
+            return [feeds["a"] * 2]
+
+    e = SimpleNamespace(io={"g": (["a"], ["y"])}, sessions={"g": Session()})
+    env = {"a": np.ones(2, np.float32), "shape_only": np.zeros(3, np.float32)}
+    STEPS["run"](e, {"graph": "g", "inputs": ["a", "shape_only"], "outputs": ["y"]}, env)
+    assert list(fed) == ["a"] and env["y"].tolist() == [2.0, 2.0]
