@@ -131,11 +131,13 @@ def joint_target(g: dict, dense: float, sel: str = "lasso") -> str:
         text += " Separated branches (N=2, r=0) at that length: not measured yet."
         verdict = "not met" if verdict == "not met" else "not measured yet"
     else:
-        sep = g[max(seps, key=lambda k: k[4])]
-        jm, jsd = mean_std([e["top1"] for e in runs])
+        skey = max(seps, key=lambda k: k[4])  # the joint runs of that length against the separated branches'
+        length, sep, same = skey[4], g[skey], g.get((2, 0.2, "joint", sel, skey[4]), [])
+        jm, jsd = mean_std([e["top1"] for e in same]) if same else (float("nan"), 0.0)
         sm, ssd = mean_std([e["top1"] for e in sep])
         above = jm - jsd > sm + ssd
-        text += f" Separated branches: {_ms(sep)}; joint mean - std {'above' if above else 'not above'} theirs."
+        text += (f" Separated branches at {length}k: {_ms(sep)}; joint mean - std "
+                 f"{'above' if above else 'not above'} their mean + std.")
         verdict = verdict if above or verdict != "met" else "not met"
     return f"- Joint budget ({sel}), N=2 r=0.2, within 1.5 points of dense: **{verdict}**. {text}"
 
