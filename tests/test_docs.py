@@ -213,3 +213,17 @@ def test_long_joint_target_compares_the_separated_branches_at_their_own_length()
         _run("global", 2, 0.0, "lasso", 250, s, 85.6 + 0.1 * s) for s in range(3)]
     joint = next(ln for ln in selection_long.page_section(data).splitlines() if ln.startswith("- Joint"))
     assert "not above their mean + std" in joint and "**not met**" in joint
+
+
+def test_tune_screen_judges_on_the_validation_split_and_says_how_much_was_screened():
+    assert registry.TABLES["selection_tune"][0] == (selection_long.LONG, selection_long.TUNE)  # both files reach it
+    data = _long()
+    ref = [_run("joint", 2, 0.2, "lasso", 100, s, 84.0) for s in range(3)]
+    for k, e in enumerate(ref):
+        e.update(val_top1=85.0 + 0.5 * k, lasso_weight="bytes")
+    data[selection_long.LONG] = ref
+    screen = [dict(ref[0], setting="lr0.05", val_top1=86.0, top1=80.0), dict(ref[0], setting="lasso4", val_top1=84.0)]
+    text = selection_long.tune_screen({**data, selection_long.TUNE: screen})
+    assert "| lr0.05 | 86.00 | +1.00 | 80.00 |" in text and "So far (2 of 5 settings screened)" in text
+    assert "more than the seeds' spread" in text  # +1.00 against a spread of 0.50
+    assert "No run of the settings screen" in selection_long.tune_screen(data)

@@ -13,6 +13,7 @@ from .md import md_table, mean_std
 from .selection import profile
 
 LONG, DENSE, TUNE = "cifar10_selection_long", "cifar10_resnet", "cifar10_selection_tune"
+TUNE_SETTINGS = 5  # the screen's settings (recipes/selection/long.py TUNE)
 ROOMS = "lasso, rooms-charged"  # --lasso-weight joint: a second way of meeting the joint caps
 SEEDS = 3
 CURVE_LENGTHS = (10, 100, 250)  # thousands of images seen: the curves of the N=2 r=0.2 budgets
@@ -244,7 +245,8 @@ def tune_screen(data: dict) -> str:
     best = max(screen, key=lambda e: e["val_top1"])
     gain = best["val_top1"] - ref["val_top1"]
     noise = f" (the protocol's seeds spread {spread:.2f} on the validation split)" if spread is not None else ""
-    verdict = (f"Best on the validation split: `{best['setting']}`, {gain:+.2f} points against the protocol's "
+    so_far = f"So far ({len(screen)} of {TUNE_SETTINGS} settings screened): " if len(screen) < TUNE_SETTINGS else ""
+    verdict = (so_far + f"best on the validation split: `{best['setting']}`, {gain:+.2f} points against the protocol's "
                f"settings{noise}: " + ("more than the seeds' spread, a candidate for the 3-seed runs at 250k."
                                        if spread is not None and gain > spread else
                                        "within the seeds' spread, so the protocol's settings stand."))
