@@ -4,9 +4,11 @@ resident set now."""
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import sys
+from typing import Any
 
 _MB = 2**20
 
@@ -42,17 +44,24 @@ def rss_mb() -> float:
         return 0.0
 
 
-def release_free_memory() -> None:
-    """Give the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing elsewhere): loading
-    an ONNX graph frees its parsed copy of the weights, which glibc would otherwise keep resident."""
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, looked up once (None where the C library is not glibc)."""
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("c")
     try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):  # not glibc
-        pass
+        return ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Give the C heap's freed pages back to the system (glibc's ``malloc_trim``; nothing elsewhere): loading
+    an ONNX graph frees its parsed copy of the weights, which glibc would otherwise keep resident."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def torch_loaded() -> bool:

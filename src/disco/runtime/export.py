@@ -41,7 +41,7 @@ from ..errors import RefusedError, ShardError
 from ..graph import Partition, partition
 from ..schedule import RankSchedule, build
 from .plan import RankPlan
-from .proof import SPREAD_THRESHOLD, constant_output_proof, output_leaves, proof_summary, second_probe, spread
+from .proof import SPREAD_THRESHOLD, constant_output_proof, output_spread, proof_summary
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,7 @@ def prove(model: nn.Module, part: Partition, kept: np.ndarray, probe: Tensor,
 
     with _masked(model, part, kept) as m, torch.no_grad():
         ref = reference_outputs(m(probe))
-        other = output_leaves(m(second_probe(probe)))
-        out_spread = max((spread(a, b) for a, b in zip(ref.values(), other, strict=True)), default=0.0)
+        out_spread = output_spread(m, probe, ref)
         out, _ = simulate(part, kept, probe, timeout=600.0)
         err = _output_error(out, ref, out_spread)
         if err <= tol:

@@ -37,7 +37,7 @@ from ..schedule import Message, RankSchedule, Run, build, env_key
 from .executor import Executor
 from .export import PROOF_TOLERANCE, _masked, compare_reference, reference_outputs
 from .plan import RankPlan
-from .proof import SPREAD_THRESHOLD, output_leaves, second_probe, spread
+from .proof import SPREAD_THRESHOLD, output_spread
 from .transport import LocalHub, ThreadTransport
 
 log = logging.getLogger(__name__)
@@ -237,8 +237,7 @@ def export_onnx(model: nn.Module, part: Partition, kept: np.ndarray | None, out_
     shutil.rmtree(tmp, ignore_errors=True)
     with _masked(model, part, kept) as m, torch.no_grad():
         ref = reference_outputs(m(probe))
-        out_spread = max(spread(a, b) for a, b in zip(ref.values(), output_leaves(m(second_probe(probe))),
-                                                       strict=True))
+        out_spread = output_spread(m, probe, ref)
     if out_spread < SPREAD_THRESHOLD:  # its output proves nothing, and this proof compares outputs only
         raise RefusedError(f"refusing the ONNX export: the model's output does not depend on its input (spread "
                            f"{out_spread:.1e} between two probes: a zero-initialised head?), so the ONNX graphs "

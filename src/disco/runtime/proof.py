@@ -53,6 +53,13 @@ def second_probe(probe: Tensor) -> Tensor:
     return noise * (std if std > 0 else 1.0) + probe.mean()
 
 
+def output_spread(model: Any, probe: Tensor, ref: dict[str, Tensor]) -> float:
+    """How much ``model``'s output (reference tensors ``ref`` on ``probe``) changes on :func:`second_probe`: the
+    largest :func:`spread` of its tensors (below :data:`SPREAD_THRESHOLD` the output proves nothing)."""
+    other = output_leaves(model(second_probe(probe)))
+    return max((spread(a, b) for a, b in zip(ref.values(), other, strict=True)), default=0.0)
+
+
 @dataclass
 class Target:
     """A tensor the proof compares: fx node ``node``'s value, as the model's own forward computed it."""
