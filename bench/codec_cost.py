@@ -16,23 +16,19 @@ import json
 import os
 import statistics
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+
+from disco.timing import median_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(1, 26, 56, 56), (1, 51, 28, 28), (1, 102, 14, 14), (1, 205, 7, 7)]  # r~0.1 messages of resnet50 N=2
 FITTED = ("fp32", "fp16")  # codecs of results/latency.json: their cost is in the fitted terms
 
 
-def per_value(fn, values: int, repeats: int) -> float:
+def per_value(fn: Callable[[], object], values: int, repeats: int) -> float:
     """Median seconds per value of ``fn()`` over ``repeats`` timed calls (after two warm-up calls)."""
-    fn(), fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / values
+    return median_ms(fn, repeats) / 1e3 / values
 
 
 def measure(repeats: int) -> dict[str, dict[str, float]]:

@@ -7,8 +7,9 @@
 Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
 skips the entries already there); ``python -m recipes.pages`` renders results/latency.png (latency against
 bandwidth) and the tables of bench/README.md, docs/latency.md and README.md from it. The sweep is this
-module; the network namespaces and tc are ``bench.netns``, the latency model's calibration
-``bench.calibration``, the host's other jobs ``bench.host``.
+module; the network namespaces and tc are ``bench.netns``, the host's other jobs ``bench.host``. Every
+entry's prediction is the planner's (``disco plan``'s model with the committed fit, results/latency_model.json):
+each new measurement is a check of it on a run it was not fitted on.
 
 The link model, the latency model and the kernel shaping ("tc" entries): bench/README.md.
 """
@@ -22,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,14 +31,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import calibration
 from bench.host import DRIFT, drift, host_state, peak_rss_mb, speed_probe_ms, wait_idle
+from bench.latency_fit import predict_setting
 from bench.netns import launch_tc, netns_check, netns_cleanup
+from disco import planner
 from disco.runtime import latency as lat
 from disco.runtime.launch import LaunchError, launch
-from disco.runtime.transport import LinkModel
 
 ROOT = Path(__file__).resolve().parents[1]
+LOAD_S = 0.002  # seconds of compute between messages in the loaded ping-pong (meta.delay_loaded*, the fit's start)
+EXPORTS = Path(tempfile.gettempdir()) / "disco-bench-exports"
+TRACES_FILE = EXPORTS / "traces.json"  # "model|N|r|codec" -> per-node compute traces, kept beside the exports
 
 RATIOS = [1.0, 0.2, 0.1, 0.05, 0.0]
 CODECS = ["fp32", "fp16"]
@@ -64,7 +69,7 @@ NOTES = [
     "all node processes of a run share this host's cores (1 torch thread each): at N=4 on 2 cores at most two "
     "nodes compute at a time; the latency model shares the cores the same way (processor sharing)",
     "compute per node is measured (per node, alone, 1 thread, zero communication cost) in the benchmark "
-    "process right before the runs; the per-message delay is fitted on a gloo ping-pong at the start",
+    "process right before the runs (compute_ms_per_node: the fit's input); predicted_ms is the planner's",
     "'tc' entries: N=2, one network namespace per node, veth pair shaped by tbf on both ends, no pacing",
     "node processes run with the runtime's defaults, among them --io-nice 19 (gloo's I/O threads at niceness 19)",
 ]
@@ -192,7 +197,7 @@ class Prepared:
         self.dirs: dict[float, Path] = {}
         self.kept: dict[float, np.ndarray] = {}
         self.source: dict[float, str] = {}
-        self.traces: dict[tuple, list] = {}
+        self.progs: dict[tuple, list] = {}
         self.probe: dict[tuple, float] = {}  # host speed probe (ms) when each trace was taken in this process
 
     def kept_at(self, r: float) -> np.ndarray:
@@ -211,7 +216,7 @@ class Prepared:
 
         if r in self.dirs:
             return self.dirs[r]
-        d = calibration.EXPORTS / f"{self.name}_n{self.n}_r{r:g}"
+        d = EXPORTS / f"{self.name}_n{self.n}_r{r:g}"
         ckpt = ROOT / "runs" / "cifar10" / f"n{self.n}_r{r:g}.safetensors"
         if self.name == "cifar_resnet20" and self.n > 1 and 0 < r < 1 and ckpt.is_file():
             if not (d / "manifest.json").is_file():
@@ -234,31 +239,24 @@ class Prepared:
         self.dirs[r] = d
         return d
 
-    def tkey(self, r: float, codec: str) -> str:
-        """The key of (r, codec)'s trace in the trace cache (bench.calibration.TRACES)."""
-        return f"{self.name}|{self.n}|{r:g}|{codec}"
-
-    def trace(self, r: float, codec: str) -> list:
-        k = (r, codec)
-        tkey = self.tkey(r, codec)
-        if k not in self.traces and tkey in calibration.TRACES:
-            self.export_dir(r)
-            self.traces[k] = calibration.TRACES[tkey]
-        if k not in self.traces:
+    def programs(self, r: float, codec: str) -> list:
+        """The planner's programs of (r, codec): what its prediction prices."""
+        if (r, codec) not in self.progs:
             self.export_dir(r)  # fixes the kept set (a trained checkpoint's, where there is one)
-            torch.set_num_threads(1)
-            reps = TRACE_REPS.get(self.name, 15)
-            self.probe[k] = speed_probe_ms()
-            self.traces[k] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec, reps=reps, warmup=TRACE_WARMUP)
-            calibration.TRACES[tkey] = self.traces[k]
-            calibration.save_traces()
-        return self.traces[k]
+            self.progs[(r, codec)] = planner.programs(self.part, self.kept_at(r), codec)
+        return self.progs[(r, codec)]
 
-    def retrace(self, r: float, codec: str) -> list:
-        """Trace again (the host's speed moved since the trace was taken)."""
-        self.traces.pop((r, codec), None)
-        calibration.TRACES.pop(self.tkey(r, codec), None)
-        return self.trace(r, codec)
+    def trace(self, r: float, codec: str, cache: dict[str, list]) -> list:
+        """Each node's compute, traced alone on 1 thread (``cache``: the traces kept beside the exports)."""
+        tkey = f"{self.name}|{self.n}|{r:g}|{codec}"
+        if tkey not in cache:
+            self.export_dir(r)
+            torch.set_num_threads(1)
+            self.probe[(r, codec)] = speed_probe_ms()
+            cache[tkey] = lat.trace_plan(self.part, self.kept_at(r), self.x, codec,
+                                         reps=TRACE_REPS.get(self.name, 15), warmup=TRACE_WARMUP)
+            TRACES_FILE.write_text(json.dumps(cache))
+        return cache[tkey]
 
     def ratio(self, r: float) -> float | None:
         return None if self.n == 1 else round(float(self.part.ratio(self.kept_at(r))), 4)
@@ -366,8 +364,10 @@ class Sweep:
         self.cores = os.cpu_count() or 1
         self.tc_error = netns_check() if tc else "not requested (--no-tc)"
         if fresh:
-            shutil.rmtree(calibration.EXPORTS, ignore_errors=True)
-        calibration.load_traces()
+            shutil.rmtree(EXPORTS, ignore_errors=True)
+        EXPORTS.mkdir(parents=True, exist_ok=True)
+        self.trace_cache = json.loads(TRACES_FILE.read_text()) if TRACES_FILE.is_file() else {}
+        self.cal = planner.Calibration()  # the committed fit (results/latency_model.json)
 
     # persistence
     def save(self) -> None:
@@ -393,19 +393,17 @@ class Sweep:
             self.prepared[(name, n)] = Prepared(name, n)
         return self.prepared[(name, n)]
 
-    # calibration
-    def calibrate(self) -> dict[str, lat.Delay]:
+    def calibrate(self) -> None:
+        """The per-message delay of gloo ping-pongs (idle and loaded, plain and paced): the fit starts from it."""
         meta = self.data["meta"]
         if "delay_loaded_paced" not in meta:
             wait_idle(self.deadline)
             meta["delay"] = lat.calibrate_delay()[1]
             meta["delay_paced"] = lat.calibrate_delay(paced=True)[1]
-            meta["delay_loaded"] = lat.calibrate_delay(load_s=calibration.LOAD_S)[1]
-            meta["delay_loaded_paced"] = lat.calibrate_delay(paced=True, load_s=calibration.LOAD_S)[1]
-            meta.setdefault("delay_model", "loaded")
+            meta["delay_loaded"] = lat.calibrate_delay(load_s=LOAD_S)[1]
+            meta["delay_loaded_paced"] = lat.calibrate_delay(paced=True, load_s=LOAD_S)[1]
             meta["calibrated_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
             self.save()
-        return calibration.delays(meta)
 
     def single(self, name: str) -> None:
         k = (name, "single", 1, None, None, None, None)
@@ -423,30 +421,28 @@ class Sweep:
         self.put(e)
         print(f"{name:15s} single        N=1  measured {e['latency_ms_median']:9.2f} ms", flush=True)
 
-    def predict(self, job: dict[str, Any], delay: dict[str, lat.Delay]) -> dict[str, Any]:
+    def predict(self, job: dict[str, Any], traced: bool = True) -> dict[str, Any]:
+        """The planner's prediction of ``job`` and (``traced``) each node's compute traced alone."""
         p = self.prep(job["model"], job["nodes"])
-        progs = p.trace(job["r"], job["codec"])
-        bw = None if job["bw"] is None else job["bw"] * 1e6
-        if bw is not None and job["shaping"] == "tc":
-            bw *= calibration.TCP_GOODPUT
-        o = self.data["meta"].get("msg_overhead_s", 0.0) if job["bw"] is None and job["nodes"] > 1 else 0.0
-        return lat.predict(progs, LinkModel(bw), self.cores, delay[job["shaping"] or "none"], o)
+        progs = p.programs(job["r"], job["codec"])
+        comp = [lat.compute_s(t) * 1e3 for t in p.trace(job["r"], job["codec"], self.trace_cache)] if traced else None
+        return {"predicted_ms": predict_setting(progs, job_fields(job), self.cal, cores=self.cores),
+                "compute_ms_per_node": comp, "messages": sum(s[0] == "s" for pr in progs for s in pr)}
 
     def entry(self, job: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
         p = self.prep(job["model"], job["nodes"])
+        comp = pred["compute_ms_per_node"]
         return {**job_fields(job), "input_shape": list(SHAPES[job["model"]]), "ratio": p.ratio(job["r"]),
-                "weights": p.source.get(job["r"]),
-                "predicted_ms": round(pred["predicted_ms"], 3),
-                "predicted_ms_no_overlap": round(pred["predicted_ms_no_overlap"], 3),
-                "compute_ms_per_node": [round(c, 3) for c in pred["compute_ms_per_node"]],
+                "weights": p.source.get(job["r"]), "predicted_ms": round(pred["predicted_ms"], 3),
+                "predicted_by": "planner", "compute_ms_per_node": comp and [round(c, 3) for c in comp],
                 "messages": pred["messages"]}
 
-    def run_job(self, job: dict[str, Any], delay: dict[str, lat.Delay]) -> None:
+    def run_job(self, job: dict[str, Any]) -> None:
         k = job_key(job)
         if self.have(k) or (job["shaping"] == "tc" and self.tc_error) or job.get("predict_only"):
             return
         wait_idle(self.deadline)
-        pred = self.predict(job, delay)
+        pred = self.predict(job)
         iters, warmup = iterations(pred["predicted_ms"])
         n_launch, iters = launches(pred["predicted_ms"], iters)
         startup = float(np.median(self.startup_s.get(job["model"], [STARTUP_S.get(job["model"], 5.0)])))
@@ -459,7 +455,7 @@ class Sweep:
         if job["shaping"] != "tc" and job["bw"] is not None:
             opts += ["--bandwidth", f"{job['bw']:g}mbit"]
         try:
-            rep, pred, probe, attempt, wall = self.measure(job, delay, pred, opts, n_launch, est * 3 + 120)
+            rep, pred, probe, attempt, wall = self.measure(job, pred, opts, n_launch, est * 3 + 120)
         except (LaunchError, subprocess.CalledProcessError, OSError) as ex:
             print(f"FAILED {k}: {ex}", flush=True)
             self.put({**self.entry(job, pred), "latency_ms_median": None, "error": str(ex)[:500]})
@@ -471,17 +467,13 @@ class Sweep:
              "host_drift": round(drift(*probe.values()), 3), "retraced": bool(attempt), "wall_s": round(wall, 1),
              **host_state()}
         self.put(e)
-        if job["bw"] is None and job["nodes"] == 2 and job["r"] >= 1 and job["codec"] == "fp32" \
-                and "msg_overhead_s" not in self.data["meta"]:
-            calibration.calibrate_overhead(self.data, delay, self.cores)  # later unshaped predictions include it
-            self.save()
         bw = "loopback" if job["bw"] is None else f"{job['bw']:g} Mbit/s"
         print(f"{job['model']:15s} {e['mode']:9s} N={job['nodes']} r={job['r']:<5g} {job['codec']} {bw:12s} "
               f"{job['shaping'] or '':6s} measured {e['latency_ms_median']:9.2f} ms  predicted "
-              f"{pred['predicted_ms']:9.2f} ms (no overlap {pred['predicted_ms_no_overlap']:9.2f})  "
+              f"{pred['predicted_ms']:9.2f} ms  "
               f"x{e['measured_over_predicted']:.2f}  [{wall:.0f} s, {self.left():.0f} s left]", flush=True)
 
-    def measure(self, job: dict[str, Any], delay: dict[str, lat.Delay], pred: dict[str, Any], opts: list[str],
+    def measure(self, job: dict[str, Any], pred: dict[str, Any], opts: list[str],
                 n_launch: int, timeout: float) -> tuple[dict, dict, dict, int, float]:
         """Launch ``job``'s export ``n_launch`` times and pool the reports; once more, re-traced, when the host's
         speed moved since the trace. Returns (report, prediction, host probes, attempt, wall seconds of it)."""
@@ -500,11 +492,11 @@ class Sweep:
                 break
             print(f"host speed moved {dr:.2f}x since the trace (probe {probe}): re-trace and measure "
                   f"{job_key(job)} again", flush=True)
-            prep.retrace(job["r"], job["codec"])
-            pred = self.predict(job, delay)
+            self.trace_cache.pop(f"{job['model']}|{job['nodes']}|{job['r']:g}|{job['codec']}", None)
+            pred = self.predict(job)
         return rep, pred, probe, attempt, time.monotonic() - t0
 
-    def predicted_only(self, jobs: list[dict[str, Any]], delay: dict[str, lat.Delay]) -> None:
+    def predicted_only(self, jobs: list[dict[str, Any]]) -> None:
         for job in jobs:
             if job["shaping"] == "tc" and self.tc_error:
                 continue
@@ -515,7 +507,7 @@ class Sweep:
                 print("no time left for more predicted-only entries", flush=True)
                 return
             try:
-                pred = self.predict(job, delay)
+                pred = self.predict(job, traced=False)
             except Exception as ex:  # noqa: BLE001
                 print(f"cannot predict {k}: {ex}", flush=True)
                 continue
@@ -538,10 +530,12 @@ class Sweep:
             "link_model": "each node's interface limited to the bandwidth, full duplex, all nodes behind one "
                           "non-blocking switch (disco.runtime.transport.LinkModel; pacing emulates it on loopback, "
                           "'tc' entries shape a veth pair between two network namespaces with tbf instead)",
-            "latency_model": lat.__doc__.strip(),
+            "latency_model": "predicted_ms: the planner's (disco.planner, the committed fit of "
+                             "bench.latency_fit) for entries with predicted_by 'planner'; older entries: the "
+                             "sweep's retired first-order model (bench/ARCHIVE.md)",
             "host_cpus": self.cores, "threads_per_node": 1, "torch": torch.__version__,
             "tc": "ok" if self.tc_error is None else f"not run: {self.tc_error}",
-            "tcp_goodput_factor_for_tc": calibration.TCP_GOODPUT, "quick": self.quick,
+            "quick": self.quick,
             "notes": NOTES,
             "iterations": "median of the timed inferences after 3 warm-up (1 warm-up above 1 s): 20, or as many "
                           "as fill 2 s up to 200; 3 timed above 10 s predicted; below "
@@ -549,15 +543,15 @@ class Sweep:
                           "each, each with its own warm-up) and pooled",
         })
         self.save()
-        delay = self.calibrate()
+        self.calibrate()
         for name in models:
             self.single(name)
         for job in jobs:
             if self.left() < 90:
                 print("budget spent", flush=True)
                 break
-            self.run_job(job, delay)
-        self.predicted_only(jobs, delay)
+            self.run_job(job)
+        self.predicted_only(jobs)
 
 
 def main() -> None:
@@ -571,10 +565,6 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
     p.add_argument("--no-tc", action="store_true", help="skip the kernel-shaping (netns + tc) runs")
     p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes.pages)")
-    p.add_argument("--repredict", action="store_true", help="with --report: recompute the predictions from the "
-                   "stored traces and calibration first")
-    p.add_argument("--delay-model", choices=["idle", "loaded"], default=None,
-                   help="with --repredict: which per-message delay calibration the model uses")
     p.add_argument("--keys-from", default=None, help="measure only the settings measured in this JSON (a rerun "
                    "of an earlier sweep on another host); the others get predictions only")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)
@@ -584,8 +574,6 @@ def main() -> None:
         return
     out = Path(a.out or ROOT / "results" / ("latency_quick.json" if a.quick else "latency.json"))
     main_out = out.resolve() == (ROOT / "results" / "latency.json").resolve()
-    if a.report and a.repredict:
-        calibration.repredict(out, a.delay_model)
     if not a.report:
         models = ["cifar_resnet8"] if a.quick else [m for m in a.models.split(",") if m]
         os.environ.setdefault("OMP_NUM_THREADS", "1")

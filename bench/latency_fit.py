@@ -167,21 +167,21 @@ def fit_compute(multi: list[dict], feats: dict) -> tuple[np.ndarray, list]:
     return full, [float(np.max(np.abs(np.log(pred / y)))), float(np.median(np.abs(np.log(pred / y))))]
 
 
-def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compute: bool,
-                  burst: int | None = None) -> float:
-    """Predicted ms of entry ``e`` (``measured_compute``: its traced compute, else the compute model's); a tc
-    entry's tbf bucket is ``burst`` bytes (default the sweep's, ``tbf_burst``; 0: every byte paced)."""
-    f = feats[f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}"]
-    progs = planner.price(f["progs"], cal, compute_ms=e["compute_ms_per_node"] if measured_compute else None,
-                          codec=e["codec"])
+def predict_entry(e: dict, feats: dict, cal: planner.Calibration, measured_compute: bool) -> float:
+    """Predicted ms of entry ``e`` (``measured_compute``: its traced compute, else the compute model's)."""
+    return predict_setting(feats[fkey(e)]["progs"], e, cal, e["compute_ms_per_node"] if measured_compute else None)
+
+
+def predict_setting(progs: list, e: dict, cal: planner.Calibration, compute_ms: list[float] | None = None,
+                    cores: int = CORES) -> float:
+    """Predicted ms of the planner's programs ``progs`` on ``e``'s link (``codec``, ``bandwidth_mbit``, ``shaping``;
+    ``compute_ms``: each node's compute rescaled to it); a tc link lets through its tbf bucket (``tbf_burst``)."""
+    progs = planner.price(progs, cal, compute_ms=compute_ms, codec=e["codec"])
     bw = None if e["bandwidth_mbit"] is None else e["bandwidth_mbit"] * 1e6
-    if bw is not None and e["shaping"] == "tc":
-        bw *= TCP_GOODPUT
     if e["shaping"] == "tc":  # kernel shaping (tbf's bucket), no pacing: the unshaped delay, nothing else
-        return lat.replay(progs, LinkModel(bw, 0.0), CORES, cal.delay(False), 0.0,
-                          cal.oversub, cal.corun,
-                          (tbf_burst(e["bandwidth_mbit"]) if burst is None else burst) * TCP_GOODPUT, cal.busy_s) * 1e3
-    return planner.predict_ms(progs, bw, 0.0, cal, CORES)  # paced or unshaped: what `disco plan` predicts
+        return lat.replay(progs, LinkModel(bw * TCP_GOODPUT, 0.0), cores, cal.delay(False), 0.0, cal.oversub,
+                          cal.corun, tbf_burst(e["bandwidth_mbit"]) * TCP_GOODPUT, cal.busy_s) * 1e3
+    return planner.predict_ms(progs, bw, 0.0, cal, cores)  # paced or unshaped: what `disco plan` predicts
 
 
 def err(es: list[dict], feats: dict, cal: planner.Calibration, measured_compute: bool) -> np.ndarray:

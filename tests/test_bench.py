@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench import calibration, latency
+from bench import latency
 
 
 def test_job_list_puts_the_headline_first_and_repeats_nothing():
@@ -25,13 +25,20 @@ def test_task_jobs_measure_n2_before_n4_and_predict_the_rest():
     assert all(j["bw"] == 10 for j in jobs if j.get("predict_only"))
 
 
-def test_delays_use_the_loaded_calibration_unless_told_otherwise():
-    meta = {"delay": {"a_s": 1e-4, "b_s_per_byte": 1e-9}, "delay_loaded": {"a_s": 3e-4, "b_s_per_byte": 2e-9},
-            "delay_loaded_paced": {"a_s": 5e-4, "b_s_per_byte": 2e-9}}
-    d = calibration.delays(meta)
-    assert d["none"].a == pytest.approx(3e-4) and d["pacing"].a == pytest.approx(5e-4)
-    assert d["none"].b == pytest.approx(2e-9)
-    assert calibration.delays({**meta, "delay_model": "idle"})["none"].a == pytest.approx(1e-4)
+def test_the_sweeps_prediction_is_the_planners():
+    """The sweep records `disco plan`'s prediction of each setting (one latency model, not a second one)."""
+    from bench.latency_fit import predict_setting
+    from disco import planner
+
+    p = latency.Prepared("cifar_resnet8", 2)
+    progs = planner.programs(p.part, p.kept_at(0.2), "fp16")
+    req = planner.PlanRequest(model="cifar_resnet8", input_shape=(1, 3, 32, 32), bandwidth_bps=100e6, nodes=(2,),
+                              ratios=(0.2,), codecs=("fp16",), cores=2)
+    want = planner.plan(req)["candidates"][0]["predicted_ms"]
+    e = {"codec": "fp16", "bandwidth_mbit": 100, "shaping": "pacing"}
+    assert predict_setting(progs, e, planner.Calibration(), cores=2) == pytest.approx(want, abs=0.006)
+    tc = predict_setting(progs, {**e, "shaping": "tc"}, planner.Calibration(), cores=2)
+    assert tc > 0 and tc != pytest.approx(want, abs=0.006)  # kernel shaping is priced as its own link
 
 
 def test_iterations_fill_two_seconds_for_fast_runs():

@@ -159,3 +159,22 @@ def test_separated_for_prefers_the_same_length_and_rate():
     assert separated_for({"epochs": 100}, seps) is seps[1]  # the longest-tuned shorter one
     assert separated_for({"epochs": 10}, seps) is seps[0]  # none shorter: the shortest
     assert separated_for({"epochs": 10}, []) is None
+
+
+def test_long_sweep_keeps_the_recorded_results_on_a_machine_without_its_runs(tmp_path):
+    """The result file is the long protocol's record: a fresh runs/ folder neither drops nor reruns its entries."""
+    long = _module("recipes/selection/long.py")
+    name, cfg = long.rows()[0]
+    old = {k: None for k in long.FIELDS} | {"name": name, "budget": "joint", "selection": "lasso", "nodes": 2,
+                                             "seed": 0, "lasso_weight": "bytes", "latency_weight": 0.0, "top1": 80.0}
+    result, runs = tmp_path / "result.json", tmp_path / "runs"
+    result.write_text(json.dumps([old]))
+    runs.mkdir()
+    new = {k: v for k, v in old.items() if k != "setting"} | {"name": "other", "seed": 1, "top1": 81.0}
+    (runs / "other.json").write_text(json.dumps(new))
+    long.collect(runs, result)
+    got = {e["name"]: e for e in json.loads(result.read_text())}
+    assert got[name]["top1"] == 80.0 and got["other"]["top1"] == 81.0 and got["other"]["setting"] == "protocol"
+    assert long.done(runs, result) == {name, "other"}
+    assert all(c.get("train_images") for _, c in long.rows())
+    assert len({n for n, _ in long.rows()}) == len(long.rows())

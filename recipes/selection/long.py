@@ -62,6 +62,14 @@ def rows() -> list[tuple[str, dict]]:
         out.append((f"n4_r0.1_global_lasso_lw125k_i{LENGTHS[0] // 1000}k_s{seed}",
                     {"nodes": 4, "ratio": 0.1, "budget": "global", "selection": "lasso", "latency_weight": 125000.0,
                      "seed": seed, "train_images": LENGTHS[0]}))
+    for seed in (0, 1, 2):  # N=2 r=0.2 joint with the screen's best setting (pruning over 30% of the run)
+        out.append((f"n2_r0.2_joint_lasso_prune0.3_i{LENGTHS[0] // 1000}k_s{seed}",
+                    {"nodes": 2, "ratio": 0.2, "budget": "joint", "selection": "lasso", "prune_fraction": 0.3,
+                     "setting": "prune0.3", "seed": seed, "train_images": LENGTHS[0]}))
+    for seed in (0, 1, 2):  # ... and with the screen's second best too (distillation 0.9)
+        out.append((f"n2_r0.2_joint_lasso_prune0.3_distill0.9_i{LENGTHS[0] // 1000}k_s{seed}",
+                    {"nodes": 2, "ratio": 0.2, "budget": "joint", "selection": "lasso", "prune_fraction": 0.3,
+                     "distill": 0.9, "setting": "prune0.3+distill0.9", "seed": seed, "train_images": LENGTHS[0]}))
     return out
 
 
@@ -90,16 +98,24 @@ def _run(args: tuple) -> dict:
 
 
 def collect(runs: Path, result: Path) -> None:
-    """Every finished run of ``runs`` into ``result`` with the fields above, sorted."""
-    entries = [json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))]
-    for e in entries:
+    """Every finished run of ``runs`` into ``result`` with the fields above, sorted. Entries already in ``result``
+    are kept (a fresh machine has no ``runs`` folder; the result file is the record, ``runs`` only its cache)."""
+    kept = {e["name"]: e for e in (json.loads(result.read_text()) if result.is_file() else [])}
+    for e in (json.loads(f.read_text()) for f in sorted(runs.glob("*.json"))):
         e.setdefault("lasso_weight", "bytes")  # runs from before the options existed: bytes, no message charge
         e.setdefault("latency_weight", 0.0)
         e.setdefault("setting", "protocol")
-    out = [{k: e.get(k) for k in FIELDS} for e in entries]
-    out.sort(key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["lasso_weight"],
-                            e["latency_weight"], e["train_images_seen"] or 0, e["seed"]))
+        kept[e["name"]] = {k: e.get(k) for k in FIELDS}
+    out = sorted(kept.values(), key=lambda e: (e["budget"], -e["nodes"], e["selection"], e["lasso_weight"],
+                                               e["latency_weight"], e["train_images_seen"] or 0, e["seed"],
+                                               e.get("setting") or ""))
     result.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def done(runs: Path, result: Path) -> set[str]:
+    """Names of the finished runs: a result in ``runs`` or an entry in ``result``."""
+    names = {f.stem for f in runs.glob("*.json")}
+    return names | ({e["name"] for e in json.loads(result.read_text())} if result.is_file() else set())
 
 
 def main() -> None:
@@ -116,8 +132,8 @@ def main() -> None:
     runs = Path(a.runs or ROOT / "runs" / f"selection_{kind}")
     result = Path(a.result or ROOT / "results" / f"cifar10_selection_{kind}.json")
     runs.mkdir(parents=True, exist_ok=True)
-    todo = [(n, c) for n, c in (tune_rows() if a.tune else rows())
-            if a.only in n and not (runs / f"{n}.json").is_file()]
+    finished = done(runs, result)
+    todo = [(n, c) for n, c in (tune_rows() if a.tune else rows()) if a.only in n and n not in finished]
     print(f"{len(todo)} run(s) to do", flush=True)
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that has started torch threads
     pool = ctx.Pool(max(1, a.workers))
