@@ -178,3 +178,25 @@ def test_long_sweep_keeps_the_recorded_results_on_a_machine_without_its_runs(tmp
     assert long.done(runs, result) == {name, "other"}
     assert all(c.get("train_images") for _, c in long.rows())
     assert len({n for n, _ in long.rows()}) == len(long.rows())
+
+
+def test_architectures_redraws_only_all_zero_weights_for_the_onnx_proof(tmp_path, monkeypatch):
+    import torch
+
+    import disco.models
+
+    arch = _module("recipes/architectures/run.py")
+
+    def model(name: str) -> torch.nn.Module:
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        torch.nn.init.zeros_(m[1].weight)  # a zero-initialised head
+        torch.nn.init.zeros_(m[1].bias)
+        return m
+
+    monkeypatch.setattr(disco.models, "build_model", model)
+    path = tmp_path / "w.pt"
+    assert arch.redrawn_weights("tiny", path) == 1
+    torch.manual_seed(0)  # as redrawn_weights builds it
+    state, ref = torch.load(path, weights_only=True), model("tiny").state_dict()
+    assert state["1.weight"].abs().sum() > 0 and torch.equal(state["1.bias"], ref["1.bias"])  # biases stay
+    assert torch.equal(state["0.weight"], ref["0.weight"])  # weights that were not all zero stay

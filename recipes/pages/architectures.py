@@ -48,7 +48,9 @@ def _onnx(e: dict) -> str:
     if e.get("onnx_error"):
         why = "refused" if e.get("onnx_exit_code") == 2 else "FAILED"
         return f"{why}: `" + e["onnx_error"].replace("|", "\\|") + "`"
-    return f"{'ok' if e['onnx_ok'] else 'FAILED'}: {e['onnx_max_rel_err']:.1e}, bytes {e['onnx_bytes_sent_total']}"
+    redrawn = " (zero-initialised weights redrawn: a constant output proves nothing)" if e.get("onnx_weights") else ""
+    return (f"{'ok' if e['onnx_ok'] else 'FAILED'}: {e['onnx_max_rel_err']:.1e}, bytes {e['onnx_bytes_sent_total']}"
+            + redrawn)
 
 
 def page(entries: list[dict]) -> str:
