@@ -2,11 +2,9 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.codec_cost      # results/codec_cost.json + the calibration
 
-The latency model (bench/latency_fit.py) was fitted on fp32 and fp16 runs, so their encode and decode
-costs are inside its per-byte and per-message terms. A codec the fit did not see (int8: a max-abs pass
-per channel, a division, rounding and a cast; bf16) is charged, per value, what its encode (sender)
-and decode (receiver) cost beyond fp16's, measured here on message shapes of a ResNet-50 split; the
-planner reads these as ``codec_encode_s`` and ``codec_decode_s`` of ``results/latency_model.json``.
+The latency model's fit (fp32 and fp16 runs) holds those codecs' costs; any other codec (int8, bf16) is charged per
+value what its encode and decode cost beyond fp16's on ResNet-50 split messages (``codec_encode_s`` and
+``codec_decode_s`` of results/latency_model.json).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from disco.timing import median_ms
@@ -26,12 +23,8 @@ SHAPES = [(1, 26, 56, 56), (1, 51, 28, 28), (1, 102, 14, 14), (1, 205, 7, 7)]  #
 FITTED = ("fp32", "fp16")  # codecs of results/latency.json: their cost is in the fitted terms
 
 
-def per_value(fn: Callable[[], object], values: int, repeats: int) -> float:
-    """Median seconds per value of ``fn()`` over ``repeats`` timed calls (after two warm-up calls)."""
-    return median_ms(fn, repeats) / 1e3 / values
-
-
 def measure(repeats: int) -> dict[str, dict[str, float]]:
+    """Per codec, the mean over SHAPES of the median seconds per value (``repeats`` calls) to encode and decode."""
     import torch
 
     from disco.runtime.transport import CODECS
@@ -45,8 +38,8 @@ def measure(repeats: int) -> dict[str, dict[str, float]]:
             x = torch.randn(shape)
             v = x.numel()
             buf = codec.encode(x, 1)
-            enc.append(per_value(lambda x=x, c=codec: c.encode(x, 1), v, repeats))
-            dec.append(per_value(lambda buf=buf, shape=shape, c=codec: c.decode(buf, shape, 1), v, repeats))
+            enc.append(median_ms(lambda x=x, c=codec: c.encode(x, 1), repeats) / 1e3 / v)
+            dec.append(median_ms(lambda buf=buf, shape=shape, c=codec: c.decode(buf, shape, 1), repeats) / 1e3 / v)
         out[name] = {"encode_s_per_value": statistics.mean(enc), "decode_s_per_value": statistics.mean(dec)}
     return out
 
@@ -59,19 +52,15 @@ def main() -> int:
                     help="the calibration the planner reads (its codec_encode_s/codec_decode_s are replaced)")
     a = ap.parse_args()
     costs = measure(a.repeats)
-    base = costs["fp16"]
-    extra_enc = {c: max(0.0, v["encode_s_per_value"] - base["encode_s_per_value"])
-                 for c, v in costs.items() if c not in FITTED}
-    extra_dec = {c: max(0.0, v["decode_s_per_value"] - base["decode_s_per_value"])
-                 for c, v in costs.items() if c not in FITTED}
+    extra = {f"codec_{k}_s": {c: max(0.0, v[f"{k}_s_per_value"] - costs["fp16"][f"{k}_s_per_value"])
+                              for c, v in costs.items() if c not in FITTED} for k in ("encode", "decode")}
     res = {"shapes": [list(s) for s in SHAPES], "threads": 1, "repeats": a.repeats, "per_codec": costs,
-           "codec_encode_s": extra_enc, "codec_decode_s": extra_dec, "loadavg_1min": round(os.getloadavg()[0], 2),
-           "method": __doc__.strip().splitlines()[0]}
+           **extra, "loadavg_1min": round(os.getloadavg()[0], 2), "method": __doc__.strip().splitlines()[0]}
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     model = Path(a.model)
     if model.is_file():
         d = json.loads(model.read_text())
-        d.setdefault("calibration", {}).update(codec_encode_s=extra_enc, codec_decode_s=extra_dec)
+        d.setdefault("calibration", {}).update(extra)
         model.write_text(json.dumps(d, indent=1) + "\n")
     print(json.dumps(res, indent=1))
     return 0

@@ -1,11 +1,11 @@
-"""The device engine measured side by side, in one run (issue 30 item 7): for each model, one process in
-torch and one in ONNX Runtime running the dense model, then each split setting on N nodes with the torch
-engine and with the ONNX engine, unshaped and at each emulated bandwidth; peak RSS of every process (VmHWM,
-read in that process), weights per node, latency, messages and bytes. Every process computes on one thread.
-Results go to results/edge.json (one entry per measurement, written as each ends; a rerun skips what is there).
+"""The device engine side by side (issue 30 item 7): per model, the dense model in one torch and one ONNX Runtime
+process, then each split setting on the torch and the ONNX engine, unshaped and at each emulated bandwidth: peak
+RSS of every process, weights per node, latency, messages, bytes; one thread each. Writes results/edge.json (an
+entry per measurement, written as each ends; a rerun skips what is there).
 
     python -m bench.edge                                  # resnet50 (224) and cifar_resnet20, every setting
     python -m bench.edge --models cifar_resnet20 --bandwidths none,100mbit --iters 5   # a quick look
+    OMP_NUM_THREADS=1 python -m bench.edge --pingpong     # the transports' ping-pong -> results/pingpong.json (20 s)
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,15 @@ BANDWIDTHS = ("none", "1gbit", "100mbit", "10mbit")
 ENGINES = ("torch", "onnx")
 log = logging.getLogger("bench.edge")
 
-# one process running the dense model: torch eager, or ONNX Runtime with torch never imported
+# one process running the dense model (torch eager, or ONNX Runtime without torch) then TIMED, its JSON line
+TIMED = """
+ts = []
+for k in range(iters + 2):
+    t0 = time.perf_counter(); run(); ts.append(time.perf_counter() - t0)
+ts = sorted(ts[2:])
+print(json.dumps({"latency_ms_median": ts[len(ts) // 2] * 1e3, "peak_rss_mb": peak_rss_mb(),
+                  "torch_in_process": torch_loaded()}))
+"""
 SINGLE_TORCH = """
 import json, sys, time
 import torch
@@ -36,14 +45,9 @@ from disco.procstat import peak_rss_mb, torch_loaded
 torch.set_num_threads(1); torch.manual_seed(0)
 shape, iters = json.loads(sys.argv[1]), int(sys.argv[3])
 model = build_model(sys.argv[2]).eval(); x = torch.randn(shape)
-ts = []
-with torch.no_grad():
-    for k in range(iters + 2):
-        t0 = time.perf_counter(); model(x); ts.append(time.perf_counter() - t0)
-ts = sorted(ts[2:])
-print(json.dumps({"latency_ms_median": ts[len(ts) // 2] * 1e3, "peak_rss_mb": peak_rss_mb(),
-                  "torch_in_process": torch_loaded()}))
-"""
+torch.set_grad_enabled(False)
+run = lambda: model(x)
+""" + TIMED
 SINGLE_ORT = """
 import json, sys, time
 sys.modules["torch"] = None  # this process must never import torch
@@ -56,13 +60,8 @@ sess = (session(sys.argv[1], "basic") if sys.argv[3] == "basic"  # the nodes' se
         else ort.InferenceSession(sys.argv[1], opt, providers=["CPUExecutionProvider"]))  # or ORT's defaults
 inp = sess.get_inputs()[0]
 x = np.random.default_rng(0).standard_normal(inp.shape).astype(np.float32)
-iters, ts = int(sys.argv[2]), []
-for k in range(iters + 2):
-    t0 = time.perf_counter(); sess.run(None, {inp.name: x}); ts.append(time.perf_counter() - t0)
-ts = sorted(ts[2:])
-print(json.dumps({"latency_ms_median": ts[len(ts) // 2] * 1e3, "peak_rss_mb": peak_rss_mb(),
-                  "torch_in_process": torch_loaded()}))
-"""
+iters, run = int(sys.argv[2]), lambda: sess.run(None, {inp.name: x})
+""" + TIMED
 
 
 def _json_run(cmd: list[str], timeout: float) -> dict[str, Any]:
@@ -81,9 +80,8 @@ def single_torch(model: str, shape: tuple[int, ...], iters: int) -> dict[str, An
 
 
 def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path, sessions: str) -> dict[str, Any]:
-    """The dense model exported to ONNX here, run in a process that blocks torch, its session made as the
-    engine's nodes make theirs at the basic optimisation level (``sessions="basic"``: one copy of the weights,
-    the leanest) or with ONNX Runtime's defaults (``"default"``: the fastest)."""
+    """The dense model in ONNX, run in a process without torch, its session as the engine's nodes make theirs
+    (``sessions="basic"``: the leanest) or with ONNX Runtime's defaults (``"default"``: the fastest)."""
     import torch
 
     from disco.models import build_model
@@ -118,6 +116,23 @@ def split_run(folder: Path, n: int, bandwidth: str, iters: int, codec: str) -> d
             "params_per_node", "params_dense", "bytes_sent_total", "bytes_predicted", "messages_per_inference",
             "max_rel_err_vs_single_process", "ratio", "error")
     return {**{k: rep[k] for k in keep if k in rep}, "node_engine": rep.get("engine")}  # what the report says ran
+
+
+def pingpong(iters: int = 300) -> dict[str, Any]:
+    """One-way ping-pong on loopback (median round trip / 2, two processes) of each engine's own transport, for
+    1 KB and 1 MB: ZeroMQ (``disco_edge.pingpong``) and gloo (``DistTransport``, as the latency sweep calibrates)."""
+    from disco.runtime.latency import calibrate_delay
+    from disco_edge.pingpong import measure as zmq
+
+    rows = []
+    for kind in ("zmq", "gloo"):
+        for size in (1024, 1 << 20):
+            n = iters if size <= 65536 else max(10, iters // 6)
+            t = (zmq([size], n, 30)[0]["one_way_s"] if kind == "zmq"
+                 else calibrate_delay([size], reps=n)[1]["one_way_s"][0])
+            rows.append({"transport": kind, "bytes": size, "one_way_ms": t * 1e3, "iters": n})
+    return {"what": "one-way ping-pong on loopback (median round trip / 2), two processes",
+            "host_cpus": len(os.sched_getaffinity(0)), "rows": rows}
 
 
 def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str, Any]]:
@@ -160,8 +175,13 @@ def main() -> None:
     p.add_argument("--codec", default="fp32", choices=("fp32", "fp16", "int8"), help="on the wire (default: fp32)")
     p.add_argument("--out", default=str(ROOT / "results" / "edge.json"))
     p.add_argument("--work", help="folder for the exports (default: a temporary one)")
+    p.add_argument("--pingpong", action="store_true", help="only the transports' ping-pong (results/pingpong.json)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if a.pingpong:
+        (ROOT / "results" / "pingpong.json").write_text(json.dumps(res := pingpong(), indent=1) + "\n")
+        log.info("%s", json.dumps(res["rows"]))
+        return
     models = [m for m in a.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:

@@ -5,13 +5,10 @@
     python -m bench.faults --resume                           # run only the cases not yet in the JSON
     python -m recipes.pages                                   # -> the table in docs/faults.md
 
-Each case runs the real command line (``disco run``, or the node program for the rendezvous cases) on a
-``cifar_resnet8`` export split over 2 nodes, on each engine (``--engine torch|onnx|both``: a torch export run by
-``disco.runtime.node``, an ONNX export by ``disco_edge``), and records the exit code, the seconds from the fault
-to the exit (from the start for refusals), the one line the command printed, and leftovers: node processes still
-alive and files left in the run's temporary folder. A case's ``per`` entry for an engine either replaces some of
-its fields (that engine's equivalent fault) or says why the case does not apply there (recorded, not dropped).
-The quick cases also run in the test suite (tests/test_faults.py).
+Each case runs the real command line (``disco run``, or node programs) on a 2-node ``cifar_resnet8`` export of
+each engine and records the exit code, the seconds from the fault (or the start) to the exit, the one line printed,
+and leftovers (node processes alive, files in the run's temporary folder). A case's ``per`` entry for an engine
+replaces some of its fields or says why it does not apply there. The quick cases run in tests/test_faults.py.
 """
 
 from __future__ import annotations
@@ -38,37 +35,26 @@ ROOT = Path(__file__).resolve().parents[1]
 DISCO = [sys.executable, "-m", "disco.cli"]
 FAULT_ENV = "DISCO_FAULT"  # JSON {"rank", "at": startup|run|stream, "after", "signal": KILL|STOP}, read in the node
 FAULT_LOG_ENV = "DISCO_FAULT_LOG"  # the node appends the fault's time here; the case times the exit from it
-# not leftovers: the fault log, and onnxruntime's telemetry session file (its import writes $TMPDIR/.ses once,
-# kept and shared by every later process: not a file of the run)
-IGNORED = ("faults.log", ".ses")
-
-
-# ---- the node side: a hook the node program imports only when DISCO_NODE_HOOKS names this file -------------
-
-def _send_fault(rank: int, sig_name: str) -> None:
-    """This process sends itself SIGKILL or SIGSTOP, saying when on stderr (and in the fault log)."""
-    sig = signal.Signals["SIG" + sig_name.upper().removeprefix("SIG")]
-    now = time.time()
-    print(f"disco node {rank}: fault injection: {sig.name} at {now:.3f}", file=sys.stderr, flush=True)
-    if os.environ.get(FAULT_LOG_ENV):
-        with open(os.environ[FAULT_LOG_ENV], "a") as f:
-            f.write(f"{now:.3f}\n")
-    os.kill(os.getpid(), sig)
+IGNORED = ("faults.log", ".ses")  # not leftovers: the fault log, onnxruntime's telemetry file (not the run's)
 
 
 def install_node_hooks(register: Callable[[str, Callable[..., None]], None]) -> None:
-    """Called by the node program (``disco.runtime.hooks`` or ``disco_edge.hooks``): rank ``rank`` sends itself
-    ``signal`` right after joining (``at="startup"``), before timed inference ``after`` (``"run"``) or before
-    streamed inference ``after`` (``"stream"``)."""
+    """Called by the node program: rank ``rank`` sends itself ``signal`` on joining (``at="startup"``), or before
+    timed (``"run"``) or streamed (``"stream"``) inference ``after``."""
     spec = json.loads(os.environ.get(FAULT_ENV) or "{}")
     if not spec:
         return
-    target, after, sig = int(spec["rank"]), int(spec.get("after", 1)), spec.get("signal", "KILL")
+    target, after, sig_name = int(spec["rank"]), int(spec.get("after", 1)), spec.get("signal", "KILL")
     point = {"startup": "startup", "run": "inference", "stream": "stream"}[spec.get("at", "run")]
 
     def hook(rank: int, k: int | None = None, i: int | None = None) -> None:
         if rank == target and (point == "startup" or (k if k is not None else i) == after):
-            _send_fault(rank, sig)
+            sig, now = signal.Signals["SIG" + sig_name.upper().removeprefix("SIG")], time.time()
+            print(f"disco node {rank}: fault injection: {sig.name} at {now:.3f}", file=sys.stderr, flush=True)
+            if os.environ.get(FAULT_LOG_ENV):
+                with open(os.environ[FAULT_LOG_ENV], "a") as f:
+                    f.write(f"{now:.3f}\n")
+            os.kill(os.getpid(), sig)
 
     register(point, hook)
 
@@ -117,10 +103,8 @@ class Outcome:
     not_applicable: str = ""  # why the case does not apply to this engine (then nothing ran)
 
 
-# ---- exports and edits ----------------------------------------------------------------------------------
-
-def make_export(d: Path, seed: int = 0, engine: str = "torch") -> Path:
-    """cifar_resnet8 over 2 nodes, 30% of the links kept at random: a torch export, or an ONNX one."""
+def make_export(d: Path, seed: int = 0, engine: str = "torch", nodes: int = 2) -> Path:
+    """cifar_resnet8 over ``nodes`` nodes, 30% of the links kept at random: a torch export, or an ONNX one."""
     import numpy as np
     import torch
 
@@ -132,7 +116,7 @@ def make_export(d: Path, seed: int = 0, engine: str = "torch") -> Path:
 
     torch.manual_seed(seed)
     model = build_model("cifar_resnet8").eval()
-    part = partition(model, (1, 3, 32, 32), 2)
+    part = partition(model, (1, 3, 32, 32), nodes)
     kept = np.random.default_rng(seed).random(part.n_links) < 0.3
     spec = {"name": "cifar_resnet8", "kwargs": {}}
     if engine == "onnx":
@@ -153,8 +137,7 @@ def _manifest(d: Path, fn: Callable[[dict], Any]) -> None:
 
 
 def resealed(rel: str, fn: Callable[[Path], Any]) -> Callable[[Path], None]:
-    """An edit of an ONNX export: ``fn(d / rel)``, then every sha256 of the manifest and its ``manifest_hash``
-    updated to match (a self-consistent edit: only the node's own checks can tell)."""
+    """An edit of an ONNX export: ``fn(d / rel)``, then the manifest's sha256s and ``manifest_hash`` resealed."""
     def reseal(m: dict, d: Path) -> None:
         m["files"] = {k: hashlib.sha256((d / k).read_bytes()).hexdigest() for k in m.pop("files")}
         m.pop("manifest_hash")
@@ -225,16 +208,9 @@ def _set(key: str, value: object) -> Callable[[Path], None]:
     return lambda d: _manifest(d, lambda m: m.update({key: value}))
 
 
-# ---- running one case -------------------------------------------------------------------------------------
-
 def _env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp), **{FAULT_LOG_ENV: str(tmp / "faults.log")},
                 **(extra or {}))
-
-
-def _fault_time(tmp: Path) -> float | None:
-    lines = (tmp / "faults.log").read_text().split() if (tmp / "faults.log").is_file() else []
-    return float(lines[0]) if lines else None
 
 
 def _nodes_of(d: Path) -> list[int]:
@@ -263,60 +239,61 @@ def _signal_when_computing(p: subprocess.Popen, d: Path, sig: int, t_fault: list
         p.send_signal(sig)
 
 
+def _run(cmds: list[list[str]], envs: list[dict[str, str]], timeout: float,
+         watch: Callable[[subprocess.Popen], None] | None = None) -> tuple[list[int], list[list[tuple]], float]:
+    """Run ``cmds`` at once (``watch``: a thread on the first), each killed ``timeout`` s after the one before
+    ended: (exit codes, each one's non-blank stderr lines as (time read, line), end time)."""
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=e)
+             for cmd, e in zip(cmds, envs, strict=True)]
+    lines: list[list[tuple]] = [[] for _ in procs]
+
+    def read(p: subprocess.Popen, out: list[tuple]) -> None:
+        for ln in p.stderr:
+            if ln.strip():
+                out.append((time.time(), ln.rstrip("\n")))
+
+    threads = [threading.Thread(target=read, args=a, daemon=True) for a in zip(procs, lines, strict=True)]
+    threads += [threading.Thread(target=watch, args=(procs[0],), daemon=True)] if watch else []
+    for t in threads:
+        t.start()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    t_end = time.time()
+    for t in threads[:len(procs)]:
+        t.join(5)
+    return [p.returncode for p in procs], lines, t_end
+
+
 def run_cli_case(c: Case, d: Path, tmp: Path, timeout: float) -> Outcome:
+    """Case ``c`` through ``disco run``."""
     cmd = DISCO + ["run", str(d), "--nodes", "2", "--warmup", "0", "--iters", "100000", "--timeout", f"{timeout:g}",
                    "--startup-timeout", "30", *c.args]
-    t_start = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(tmp, c.fault))
-    t_fault: list[float] = []
-    if c.signal_run is not None:
-        threading.Thread(target=_signal_when_computing, args=(p, d, c.signal_run, t_fault), daemon=True).start()
-    lines: list[tuple[float, str]] = []
-
-    def read() -> None:
-        for ln in p.stderr:
-            if ln.strip() and "Warning" not in ln:
-                lines.append((time.time(), ln.rstrip("\n")))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        p.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-    t_end = time.time()
-    reader.join(5)
-    t0 = t_fault[0] if t_fault else (_fault_time(tmp) or t_start)
+    t_start, t_fault = time.time(), []
+    watch = None if c.signal_run is None else lambda p: _signal_when_computing(p, d, c.signal_run, t_fault)
+    (code,), (out,), t_end = _run([cmd], [_env(tmp, c.fault)], 600, watch)
+    lines = [x for x in out if "Warning" not in x[1]]
+    logged = (tmp / "faults.log").read_text().split() if (tmp / "faults.log").is_file() else []  # the node's time
+    t0 = t_fault[0] if t_fault else float(logged[0]) if logged else t_start
     procs, files = _leftovers(d, tmp)
     t_msg, msg = lines[-1] if lines else (t_end, "")
-    ok = p.returncode == c.expect and procs == 0 and files == 0 and c.needs in msg
-    return Outcome(c.name, c.engine, c.what, p.returncode, c.expect, round(t_msg - t0, 1), round(t_end - t0, 1),
+    ok = code == c.expect and procs == 0 and files == 0 and c.needs in msg
+    return Outcome(c.name, c.engine, c.what, code, c.expect, round(t_msg - t0, 1), round(t_end - t0, 1),
                    msg, len(lines), procs, files, ok)
 
 
-def _node(d: Path, rank: int, port: int) -> list[str]:
-    """Node ``rank``'s command line on the export's engine (as ``disco run`` starts it)."""
+def _run_nodes(c: Case, d: Path, tmp: Path, port: int, tokens: dict[int, str]) -> Outcome:
+    """Node programs as ``disco run`` starts them, rank r with run token ``tokens[r]``, the leader at ``port``."""
     from disco.runtime.launch import node_command
 
-    return node_command(d, rank, 2, port, ["--startup-timeout", "5", "--iters", "1", "--warmup", "0"])
-
-
-def _run_nodes(c: Case, d: Path, tmp: Path, cmds: list[list[str]], envs: list[dict[str, str]]) -> Outcome:
-    t0 = time.time()
-    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=e)
-             for cmd, e in zip(cmds, envs, strict=True)]
-    errs, codes = [], []
-    for p in procs:
-        try:
-            errs.append(p.communicate(timeout=120)[1])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            errs.append(p.communicate()[1])
-        codes.append(p.returncode)
-    t_end = time.time()
+    opts, t0 = ["--startup-timeout", "5", "--iters", "1", "--warmup", "0"], time.time()
+    codes, out, t_end = _run([node_command(d, r, 2, port, opts) for r in tokens],
+                             [_env(tmp, {"DISCO_RUN_TOKEN": t}) for t in tokens.values()], 120)
     left, files = _leftovers(d, tmp)
-    lines = [ln for e in errs for ln in e.splitlines() if ln.startswith("disco node")]
+    lines = [ln for o in out for _, ln in o if ln.startswith("disco node")]
     code = max(codes, key=lambda x: (x != 0, x))  # the case's code: the worst node's
     ok = code == c.expect and 0 not in codes and left == 0 and all(c.needs in ln for ln in lines[:1])
     return Outcome(c.name, c.engine, c.what, code, c.expect, round(t_end - t0, 1), round(t_end - t0, 1),
@@ -329,7 +306,7 @@ def _held_port(rank: int) -> Callable[[Case, Path, Path], Outcome]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             s.listen()
-            return _run_nodes(c, d, tmp, [_node(d, rank, s.getsockname()[1])], [_env(tmp, {"DISCO_RUN_TOKEN": "t"})])
+            return _run_nodes(c, d, tmp, s.getsockname()[1], {rank: "t"})
     return run
 
 
@@ -337,9 +314,7 @@ def wrong_token(c: Case, d: Path, tmp: Path) -> Outcome:
     """Two nodes of 'one run' that do not share the run's token: neither accepts the other."""
     from disco.runtime.launch import free_port
 
-    port = free_port()
-    return _run_nodes(c, d, tmp, [_node(d, 0, port), _node(d, 1, port)],
-                      [_env(tmp, {"DISCO_RUN_TOKEN": "a"}), _env(tmp, {"DISCO_RUN_TOKEN": "b"})])
+    return _run_nodes(c, d, tmp, free_port(), {0: "a", 1: "b"})
 
 
 NO_STREAM = "the onnxruntime engine refuses --stream (exit 2: case stream_option)"
@@ -370,22 +345,19 @@ def cases() -> list[Case]:
              edit=lambda d: _manifest(d, lambda m: m["shards"][1].update(sha256="0" * 64)), needs="'shards'",
              per={"onnx": dict(what="manifest: a graph's sha256 edited", needs=MH,
                                edit=lambda d: _manifest(d, lambda m: m["files"].update({graph: "0" * 64})))}),
-        Case("edit_manifest_hash", "manifest: manifest_hash edited", 2, edit=_set("manifest_hash", "0" * 32),
-             needs=MH),
+        Case("edit_manifest_hash", "manifest: manifest_hash edited", 2, edit=_set("manifest_hash", "0" * 32), needs=MH),
         Case("edit_codec", "manifest: codec edited", 2, edit=_set("codec", "int8"), needs="'codec'",
              per={"onnx": dict(needs=MH)}),
         Case("missing_key", "manifest: model_hash removed", 2,
              edit=lambda d: _manifest(d, lambda m: m.pop("model_hash")), needs="'model_hash' missing",
              per={"onnx": dict(what="manifest: manifest_hash removed", needs="'manifest_hash' missing",
                                edit=lambda d: _manifest(d, lambda m: m.pop("manifest_hash")))}),
-        Case("weights_path", "manifest: model.kwargs.weights = /etc/passwd", 2,
+        Case("weights_path", "manifest: model.kwargs.weights = /etc/passwd", 2, needs="model.kwargs.weights",
              edit=lambda d: _manifest(d, lambda m: m["model"]["kwargs"].update(weights="/etc/passwd")),
-             needs="model.kwargs.weights",
              per={"onnx": "an ONNX node builds no model: its weights are inside its graphs (case shard_file_path: "
                           "a graph outside the rank folder)"}),
-        Case("shard_file_path", "manifest: shards[0].file = ../x", 2,
+        Case("shard_file_path", "manifest: shards[0].file = ../x", 2, needs="shards[0]",
              edit=lambda d: _manifest(d, lambda m: m["shards"][0].update(file="../x.safetensors")),
-             needs="shards[0]",
              per={"onnx": dict(what="rank1/schedule.json runs ../rank0/seg0.onnx (resealed)",
                                edit=sched_edit(1, "run", lambda st: st.update(graph="../rank0/" + st["graph"]), True),
                                needs="outside its folder")}),

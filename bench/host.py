@@ -27,15 +27,6 @@ def foreign_jobs() -> list[str]:
     return found
 
 
-def peak_rss_mb() -> float:
-    """This process's own peak resident memory in MB (VmHWM): ``ru_maxrss`` of a process started by fork and
-    exec can carry the peak of the forked copy of its parent (a benchmark process holding models)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
 def host_state() -> dict[str, Any]:
     """Load average and other project jobs running beside the benchmark."""
     return {"loadavg_1min": round(os.getloadavg()[0], 2), "other_jobs": len(foreign_jobs())}
@@ -44,44 +35,35 @@ def host_state() -> dict[str, Any]:
 def wait_idle(deadline: float) -> None:
     """Wait (until ``deadline``) while other project jobs use the CPU."""
     said = False
-    while time.monotonic() < deadline:
-        jobs = foreign_jobs()
-        if not jobs:
-            return
+    while time.monotonic() < deadline and (jobs := foreign_jobs()):
         if not said:
             print(f"waiting for other jobs to finish: {jobs}", flush=True)
-            said = True
+        said = True
         time.sleep(10)
 
 
-# a run is re-traced and measured again once when the speed probe moved more than this from the trace's, and
-# bench.latency_fit counts a run apart that still moved that much; on an idle host the probe alone spans
-# 2.09-2.68 ms (a CIFAR sweep of 50 runs, 2026-12-04)
+# a run whose speed probe moved more than this from the trace's is re-traced and measured once more, and counted
+# apart by bench.latency_fit if it still did; on an idle host the probe spans 2.09-2.68 ms (50 runs, 2026-12-04)
 DRIFT = 1.20
 
 PROBE_SHAPES = ((1, 64, 56, 56), (64, 64, 3, 3))  # one 3x3 convolution of a ResNet stage: ~0.23 GFLOP
 
 
 def speed_probe_ms(reps: int = 21) -> float:
-    """The host's compute speed now: median ms of one fixed 3x3 convolution on 1 thread (about 2.5 ms each, 21 times).
-
-    The latency sweep takes it when it traces a node's compute and before and after each run; a run whose
-    probe moved from the trace's was measured on a host of another speed than its prediction assumed."""
+    """The host's compute speed now: median ms of one fixed 3x3 convolution on 1 thread (about 2.5 ms each, 21 times),
+    taken with each compute trace and around each run of the sweep."""
     import torch
+
+    from disco.timing import median_ms
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = (torch.randn(s, generator=g) for s in PROBE_SHAPES)
-    ts = []
     with torch.no_grad():
-        torch.nn.functional.conv2d(x, w, padding=1)
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            torch.nn.functional.conv2d(x, w, padding=1)
-            ts.append(time.perf_counter() - t0)
+        ms = median_ms(lambda: torch.nn.functional.conv2d(x, w, padding=1), reps, warmup=1)
     torch.set_num_threads(threads)
-    return sorted(ts)[reps // 2] * 1e3
+    return ms
 
 
 def drift(trace_ms: float | None, before_ms: float, after_ms: float) -> float:

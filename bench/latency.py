@@ -4,14 +4,9 @@
     .venv/bin/python -m bench.latency --time-limit-minutes 30         # the sweep of issue 3 (resumable)
     .venv/bin/python -m bench.latency --report                    # README tables + plot from the JSON only
 
-Writes results/latency.json (one entry per measurement, appended as each finishes; a rerun
-skips the entries already there); ``python -m recipes.pages`` renders results/latency.png (latency against
-bandwidth) and the tables of bench/README.md, docs/latency.md and README.md from it. The sweep is this
-module; the network namespaces and tc are ``bench.netns``, the host's other jobs ``bench.host``. Every
-entry's prediction is the planner's (``disco plan``'s model with the committed fit, results/latency_model.json):
-each new measurement is a check of it on a run it was not fitted on.
-
-The link model, the latency model and the kernel shaping ("tc" entries): bench/README.md.
+Writes results/latency.json (one entry per measurement, saved as each ends; a rerun skips those there), which
+``python -m recipes.pages`` renders. Each entry's prediction is the planner's (results/latency_model.json), so
+each measurement checks it on a run it was not fitted on. Link model, latency model, "tc" entries: bench/README.md.
 """
 
 from __future__ import annotations
@@ -31,10 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.host import DRIFT, drift, host_state, peak_rss_mb, speed_probe_ms, wait_idle
+from bench.host import DRIFT, drift, host_state, speed_probe_ms, wait_idle
 from bench.latency_fit import predict_setting
 from bench.netns import launch_tc, netns_check, netns_cleanup
 from disco import planner
+from disco.procstat import peak_rss_mb
 from disco.runtime import latency as lat
 from disco.runtime.launch import LaunchError, launch
 
@@ -76,9 +72,7 @@ NOTES = [
 
 
 def mode_of(r: float | None, n: int) -> str:
-    if n == 1:
-        return "dense"
-    return "dense" if r >= 1 else "separated" if r == 0 else "disco"
+    return "dense" if n == 1 or r >= 1 else "separated" if r == 0 else "disco"
 
 
 def iterations(predicted_ms: float) -> tuple[int, int]:
@@ -93,21 +87,16 @@ LAUNCH_BELOW_MS, LAUNCHES = 100.0, 3  # runs predicted faster than this are meas
 
 
 def launches(predicted_ms: float, timed: int) -> tuple[int, int]:
-    """(launches, timed per launch) for a run predicted at ``predicted_ms`` with ``timed`` inferences in all.
-
-    A run of a few ms on a 2-core host varies up to 1.36x between launches of the same export and
-    switches between fast and slow phases within one (results/noise.json); one launch of 200 inferences
-    measures whichever phase it met. Below ``LAUNCH_BELOW_MS`` the timed inferences are split over
-    ``LAUNCHES`` launches (at least 20 each) and the entry is the median of them all."""
+    """(launches, timed per launch) for ``timed`` inferences at ``predicted_ms``: split below ``LAUNCH_BELOW_MS``
+    (at least 20 each), as a ms-scale run varies up to 1.36x between launches (results/noise.json)."""
     if predicted_ms >= LAUNCH_BELOW_MS:
         return 1, timed
     return LAUNCHES, max(20, -(-timed // LAUNCHES))
 
 
 def pool(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One launch report from several launches of the same export: all timed inferences pooled (their
-    median is the entry's), the worst error, the bytes, which must agree, and per node the median over the
-    launches of that node process's own peak memory (each launch's list is kept)."""
+    """One report from launches of one export: timed inferences pooled, the worst error, the bytes (which must
+    agree), per node the median peak memory over the launches (each launch's list kept)."""
     first = reps[0]
     for r in reps[1:]:
         if r["bytes_sent_total"] != first["bytes_sent_total"]:
@@ -127,11 +116,10 @@ def key_of(e: dict[str, Any]) -> tuple:
             e.get("shaping"))
 
 
-# ---- plain PyTorch, one process -----------------------------------------------------------------
-
 def single_main(name: str) -> None:
     """Child process: the whole model in plain PyTorch, 1 thread; prints one JSON line."""
     from disco.models import build_model
+    from disco.models.ssd import SSDPost, spec_of
     from disco.timing import median_ms
 
     torch.set_num_threads(1)
@@ -139,44 +127,24 @@ def single_main(name: str) -> None:
     model = build_model(name)
     x = torch.randn(SHAPES[name])
     with torch.no_grad():
-        t0 = time.perf_counter()
-        model(x)
-        first = time.perf_counter() - t0
-        iters = 3 if first > 10 else 20
+        iters = 3 if median_ms(lambda: model(x), 1, warmup=0) > 10_000 else 20  # by the first call's time
         median = median_ms(lambda: model(x), iters)
     n_params = sum(p.numel() for p in model.parameters())
     extra = {}
-    post = _post_processor(model)
-    if post is not None:  # a detector: the leader's decoding + NMS after the gather, timed alone
+    if (spec := spec_of(model)) is not None:  # a split detector: the leader's decoding + NMS, timed alone
+        post = SSDPost(spec)
         with torch.no_grad():
             out = model(x)
-            pts = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                post.detect(out, tuple(x.shape[-2:]))
-                pts.append(time.perf_counter() - t0)
-        extra["post_ms"] = float(np.median(pts) * 1e3)
-    print(json.dumps({**extra, "latency_ms_median": median, "n_timed": iters,
-                      "peak_rss_mb": peak_rss_mb(),
+            extra["post_ms"] = median_ms(lambda: post.detect(out, tuple(x.shape[-2:])), 5, warmup=0)
+    print(json.dumps({**extra, "latency_ms_median": median, "n_timed": iters, "peak_rss_mb": peak_rss_mb(),
                       "weight_bytes": n_params * 4, "params": n_params}))
-
-
-def _post_processor(model: torch.nn.Module) -> Any:
-    """The leader's post-processing of a split detector (None for other models)."""
-    from disco.models.ssd import SSDPost, spec_of
-
-    spec = spec_of(model)
-    return None if spec is None else SSDPost(spec)
 
 
 def run_single(name: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "bench.latency", "--single", name], capture_output=True, text=True,
-                         check=True, cwd=ROOT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         check=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
-
-# ---- exports: one-shot magnitude selection (or a trained checkpoint) ----------------------------
 
 class Prepared:
     """Per (model, N): partition, the kept set at each r, the export dirs and the latency traces."""
@@ -204,13 +172,12 @@ class Prepared:
         from disco.sparsify import select_links
 
         if r not in self.kept:
-            if self.n == 1 or r >= 1:
-                self.kept[r] = self.part.all_links()
-            else:
-                self.kept[r] = select_links(self.part, self.scores, r, "global")
+            self.kept[r] = (self.part.all_links() if self.n == 1 or r >= 1
+                            else select_links(self.part, self.scores, r, "global"))
         return self.kept[r]
 
     def export_dir(self, r: float) -> Path:
+        from disco.checkpoint import unpack_bits
         from disco.runtime.export import export
         from disco.runtime.formats import export_checkpoint
 
@@ -218,24 +185,22 @@ class Prepared:
             return self.dirs[r]
         d = EXPORTS / f"{self.name}_n{self.n}_r{r:g}"
         ckpt = ROOT / "runs" / "cifar10" / f"n{self.n}_r{r:g}.safetensors"
-        if self.name == "cifar_resnet20" and self.n > 1 and 0 < r < 1 and ckpt.is_file():
-            if not (d / "manifest.json").is_file():
-                shutil.rmtree(d, ignore_errors=True)
+        trained = self.name == "cifar_resnet20" and self.n > 1 and 0 < r < 1 and ckpt.is_file()
+        kept = None if trained else self.kept_at(r)
+        if not (d / "manifest.json").is_file():
+            shutil.rmtree(d, ignore_errors=True)
+            if trained:
                 export_checkpoint(ckpt, d)
-            man = json.loads((d / "manifest.json").read_text())
-            from disco.checkpoint import unpack_bits
-
-            self.kept[r] = unpack_bits(man["kept"], man["n_links"])
-            self.source[r] = f"trained checkpoint {ckpt.relative_to(ROOT)}"
-        else:
-            kept = self.kept_at(r)
-            if not (d / "manifest.json").is_file():
-                shutil.rmtree(d, ignore_errors=True)
+            else:
                 if self.dm is not None:
                     self.dm.set_kept(kept)
                 export(self.dm if self.dm is not None else self.model, self.part, kept, d,
                        {"name": self.name, "kwargs": {}}, probe=self.x)
-            self.source[r] = "random init, one-shot global magnitude selection"
+        if trained:
+            man = json.loads((d / "manifest.json").read_text())
+            self.kept[r] = unpack_bits(man["kept"], man["n_links"])
+        self.source[r] = (f"trained checkpoint {ckpt.relative_to(ROOT)}" if trained
+                          else "random init, one-shot global magnitude selection")
         self.dirs[r] = d
         return d
 
@@ -261,8 +226,6 @@ class Prepared:
     def ratio(self, r: float) -> float | None:
         return None if self.n == 1 else round(float(self.part.ratio(self.kept_at(r))), 4)
 
-
-# ---- the sweep ----------------------------------------------------------------------------------
 
 def job_list(models: list[str], quick: bool) -> list[dict[str, Any]]:
     """Every measurement, most informative first (a budget cuts from the end)."""
@@ -355,9 +318,8 @@ def measured_fields(rep: dict[str, Any], predicted_ms: float) -> dict[str, Any]:
 
 class Sweep:
     def __init__(self, out: Path, budget_s: float, quick: bool, fresh: bool, tc: bool) -> None:
-        self.out, self.quick, self.fresh = out, quick, fresh
-        self.t_start = time.monotonic()
-        self.deadline = self.t_start + budget_s
+        self.out, self.quick = out, quick
+        self.deadline = time.monotonic() + budget_s
         self.data = json.loads(out.read_text()) if out.is_file() and not fresh else {"meta": {}, "entries": []}
         self.prepared: dict[tuple[str, int], Prepared] = {}
         self.startup_s: dict[str, list[float]] = {}
@@ -369,7 +331,6 @@ class Sweep:
         self.trace_cache = json.loads(TRACES_FILE.read_text()) if TRACES_FILE.is_file() else {}
         self.cal = planner.Calibration()  # the committed fit (results/latency_model.json)
 
-    # persistence
     def save(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.out.with_suffix(".json.tmp")
@@ -406,8 +367,7 @@ class Sweep:
             self.save()
 
     def single(self, name: str) -> None:
-        k = (name, "single", 1, None, None, None, None)
-        if self.have(k):
+        if self.have((name, "single", 1, None, None, None, None)):
             return
         wait_idle(self.deadline)
         s = run_single(name)
@@ -470,8 +430,8 @@ class Sweep:
         bw = "loopback" if job["bw"] is None else f"{job['bw']:g} Mbit/s"
         print(f"{job['model']:15s} {e['mode']:9s} N={job['nodes']} r={job['r']:<5g} {job['codec']} {bw:12s} "
               f"{job['shaping'] or '':6s} measured {e['latency_ms_median']:9.2f} ms  predicted "
-              f"{pred['predicted_ms']:9.2f} ms  "
-              f"x{e['measured_over_predicted']:.2f}  [{wall:.0f} s, {self.left():.0f} s left]", flush=True)
+              f"{pred['predicted_ms']:9.2f} ms  x{e['measured_over_predicted']:.2f}  "
+              f"[{wall:.0f} s, {self.left():.0f} s left]", flush=True)
 
     def measure(self, job: dict[str, Any], pred: dict[str, Any], opts: list[str],
                 n_launch: int, timeout: float) -> tuple[dict, dict, dict, int, float]:
@@ -497,11 +457,11 @@ class Sweep:
         return rep, pred, probe, attempt, time.monotonic() - t0
 
     def predicted_only(self, jobs: list[dict[str, Any]]) -> None:
+        from disco.cost import estimate
+
         for job in jobs:
-            if job["shaping"] == "tc" and self.tc_error:
-                continue
             k = job_key(job)
-            if self.have(k, measured=False):
+            if (job["shaping"] == "tc" and self.tc_error) or self.have(k, measured=False):
                 continue
             if self.left() < 20:
                 print("no time left for more predicted-only entries", flush=True)
@@ -511,18 +471,12 @@ class Sweep:
             except Exception as ex:  # noqa: BLE001
                 print(f"cannot predict {k}: {ex}", flush=True)
                 continue
-            e = self.entry(job, pred)
-            from disco.cost import estimate
-
             p = self.prep(job["model"], job["nodes"])
-            rep = estimate(p.part, p.kept_at(job["r"]))
-            bpv = 2 if job["codec"] == "fp16" else 4
-            e.update(latency_ms_median=None, predicted_only=True, bytes_sent_total=None,
-                     bytes_predicted=rep.bytes // 4 * bpv, peak_rss_mb_per_node=None,
-                     weight_bytes_per_node=[4 * x for x in rep.params_per_node],
-                     params_dense=rep.params_dense,
-                     weight_fraction_max=round(max(rep.params_per_node) / rep.params_dense, 4))
-            self.put(e)
+            rep = estimate(p.part, p.kept_at(job["r"]), bytes_per_value=2 if job["codec"] == "fp16" else 4)
+            self.put({**self.entry(job, pred), "latency_ms_median": None, "predicted_only": True,
+                      "bytes_sent_total": None, "bytes_predicted": rep.bytes, "peak_rss_mb_per_node": None,
+                      "weight_bytes_per_node": [4 * x for x in rep.params_per_node], "params_dense": rep.params_dense,
+                      "weight_fraction_max": round(max(rep.params_per_node) / rep.params_dense, 4)})
 
     def run(self, jobs: list[dict[str, Any]], models: list[str]) -> None:
         meta = self.data["meta"]
@@ -557,16 +511,13 @@ class Sweep:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="cifar_resnet8, N=2, a few settings (development)")
-    p.add_argument("--out", default=None, help="JSON file (default results/latency.json, "
-                   "results/latency_quick.json with --quick)")
-    p.add_argument("--time-limit-minutes", type=float, default=600.0, help="stop measuring after this long; the "
-                   "rest gets the latency model's prediction only")
+    p.add_argument("--out", default=None, help="default results/latency.json (latency_quick.json with --quick)")
+    p.add_argument("--time-limit-minutes", type=float, default=600.0, help="measure for this long; predict the rest")
     p.add_argument("--models", default="resnet50,cifar_resnet20")
     p.add_argument("--fresh", action="store_true", help="ignore the existing JSON and exports")
     p.add_argument("--no-tc", action="store_true", help="skip the kernel-shaping (netns + tc) runs")
     p.add_argument("--report", action="store_true", help="only regenerate the tables and the plot (recipes.pages)")
-    p.add_argument("--keys-from", default=None, help="measure only the settings measured in this JSON (a rerun "
-                   "of an earlier sweep on another host); the others get predictions only")
+    p.add_argument("--keys-from", default=None, help="measure only what this JSON measured; the rest is predicted")
     p.add_argument("--single", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.single:

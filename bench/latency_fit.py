@@ -4,28 +4,14 @@
     python -m recipes.pages                                             # docs/latency-model.md from the fit
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.codec_cost             # int8/bf16 codec costs (a fit keeps the last)
 
-For every measured entry of results/latency.json the script rebuilds the entry's kept set (the
-benchmark's: random init, seed 0, one-shot global magnitude selection; the CIFAR entries that
-used a trained checkpoint get the magnitude set at the same r instead, and say so) and the node
-programs of :func:`disco.planner.programs` (compute segments as FLOPs / ops / messages / bytes).
-
-Each fit has two parts:
-
-1. **compute**: each node's measured compute (``compute_ms_per_node``: its plan alone, 1 thread,
-   no communication) = flop_s * FLOPs + op_s * ops + msg_s * messages + byte_s * bytes (least squares).
-2. **link**: with each node's compute rescaled to what was measured, ``replay`` (2 cores shared
-   by the node processes, as on the benchmark host) with a per-message delay a + b*S, a wake-up, a CPU
-   overhead after every received message o + o_b*S and the cores' share when node processes share them,
-   separately for unshaped and paced links (``fit_link``): most entries within 1.25x, then the least
-   mean squared log-error.
-
-Three fits: on every entry (the calibration ``disco plan`` uses; entries measured while the host's speed
-moved are left out and checked apart), and one on each half of a checkerboard split (``split``) to
-cross-validate: each entry is also predicted by the fit that did not see it.
-
-Writes results/latency_model.json: the calibration, the halves' fits, and per entry measured, the old
-prediction, the link model's (measured compute) and the planner's (compute model too), each from the fit on
-all and cross-validated.
+Per measured entry of results/latency.json: its kept set as the sweep made it (CIFAR entries from a trained
+checkpoint get the magnitude set at the same r) and :func:`disco.planner.programs`. Compute: each node's measured
+compute = flop_s * FLOPs + op_s * ops + msg_s * messages + byte_s * bytes (least squares). Link: with the compute
+rescaled to what was measured, ``replay`` on 2 shared cores with a per-message delay a + b*S, a wake-up, a CPU
+overhead o + o_b*S per received message and the cores' share (``fit_link``), unshaped and paced apart: most
+entries within 1.25x, then the least mean squared log-error. Fitted on every entry (what ``disco plan`` uses;
+entries whose host speed moved are checked apart) and on each half of a checkerboard ``split``, each entry also
+predicted by the half that did not see it. Writes results/latency_model.json.
 """
 
 from __future__ import annotations
@@ -76,35 +62,22 @@ def entries() -> tuple[dict, list[dict], list[dict]]:
 
 
 def build_features(multi: list[dict], models: list[str]) -> dict[str, dict]:
-    """Programs (feature segments) per (model, N, r, codec), cached on disk."""
-    import torch
-
-    from disco.graph import partition
-    from disco.masks import DiscoModel
-    from disco.models import build_model
-    from disco.sparsify import magnitude_scores, select_links
+    """Programs (feature segments) per (model, N, r, codec) of the sweep's kept sets, cached on disk."""
+    from bench.latency import Prepared  # imported here: bench.latency imports this module
 
     cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
     need: dict[tuple[str, int], set] = {}
     for e in multi:
-        if e["model"] in models:
-            k = f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}"
-            if k not in cache:
-                need.setdefault((e["model"], e["nodes"]), set()).add((e["ratio_target"], e["codec"]))
+        if e["model"] in models and fkey(e) not in cache:
+            need.setdefault((e["model"], e["nodes"]), set()).add((e["ratio_target"], e["codec"]))
     for (name, n), todo in sorted(need.items()):
-        t0 = time.perf_counter()
-        shape = tuple(next(e["input_shape"] for e in multi if e["model"] == name))
-        torch.manual_seed(0)
-        model = build_model(name)
-        x = torch.randn(shape)
-        part = partition(model, x, n)
-        scores = magnitude_scores(DiscoModel(model, part))
+        t0, prep = time.perf_counter(), Prepared(name, n)
         for r, codec in sorted(todo):
-            kept = part.all_links() if r >= 1 else select_links(part, scores, r, "global")
-            progs = planner.programs(part, kept, codec)
+            kept = prep.kept_at(r)
+            progs = planner.programs(prep.part, kept, codec)
             cache[f"{name}|{n}|{r}|{codec}"] = {
                 "progs": [[[s[0], *(s[1].tolist() if s[0] == "c" else s[1:])] for s in p] for p in progs],
-                "ratio": part.ratio(kept)}
+                "ratio": prep.part.ratio(kept)}
         CACHE.write_text(json.dumps(cache))
         print(f"features {name} N={n}: {len(todo)} settings in {time.perf_counter() - t0:.0f} s", flush=True)
     for v in cache.values():
@@ -113,18 +86,10 @@ def build_features(multi: list[dict], models: list[str]) -> dict[str, dict]:
     return cache
 
 
-def pingpong(meta: dict) -> dict[str, list[float]]:
-    """The loaded ping-pongs' delivery delay [a, b] (the sweep's meta), for the page."""
-    return {k: [meta[m]["a_s"], meta[m]["b_s_per_byte"]]
-            for k, m in (("unshaped", "delay_loaded"), ("paced", "delay_loaded_paced"))}
-
-
 def split(multi: list[dict]) -> tuple[list[dict], list[dict]]:
     """The cross-validation's halves A and B, a checkerboard within each (model, N, link kind) group: an entry
-    is in A when the ranks of its ratio, codec and bandwidth within the group add up to an even number. Both
-    halves see every group, every codec and every ratio of it (every other entry in key order put all fp16
-    entries of a group in one half and all fp32 ones in the other, as the two codecs alternate in key order,
-    so a half never saw the larger messages of a setting)."""
+    is in A when the ranks of its ratio, codec and bandwidth within the group add up to an even number, so both
+    halves see every group, codec and ratio."""
     def axis(e: dict) -> tuple:
         return (e.get("ratio_target", e.get("r")), str(e.get("codec")), e.get("bandwidth_mbit") or 0)
 
@@ -137,22 +102,16 @@ def split(multi: list[dict]) -> tuple[list[dict], list[dict]]:
             values = sorted({axis(e)[i] for e in es}, key=str)
             for e in es:
                 rank[id(e)] = rank.get(id(e), 0) + values.index(axis(e)[i])
-    calib = [e for e in multi if rank[id(e)] % 2 == 0]
-    held = [e for e in multi if rank[id(e)] % 2]
-    return calib, held
+    return [e for e in multi if rank[id(e)] % 2 == 0], [e for e in multi if rank[id(e)] % 2]
 
 
 def fit_compute(multi: list[dict], feats: dict) -> tuple[np.ndarray, list]:
     """Non-negative relative least squares of per-node compute on [FLOPs, ops, msgs, bytes]."""
     X, y = [], []
     for e in multi:
-        f = feats.get(f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}")
-        if f is None:
-            continue
-        F = planner.features(f["progs"])
-        for j, ms in enumerate(e["compute_ms_per_node"]):
-            X.append(F[j])
-            y.append(ms / 1e3)
+        if fkey(e) in feats:  # one row per node
+            X += list(planner.features(feats[fkey(e)]["progs"])[:len(e["compute_ms_per_node"])])
+            y += [ms / 1e3 for ms in e["compute_ms_per_node"]]
     X, y = np.array(X), np.array(y)
     w = 1 / y
     active = list(range(4))
@@ -184,11 +143,9 @@ def predict_setting(progs: list, e: dict, cal: planner.Calibration, compute_ms: 
     return planner.predict_ms(progs, bw, 0.0, cal, cores)  # paced or unshaped: what `disco plan` predicts
 
 
-def err(es: list[dict], feats: dict, cal: planner.Calibration, measured_compute: bool) -> np.ndarray:
-    return np.array([math.log(e["latency_ms_median"] / predict_entry(e, feats, cal, measured_compute)) for e in es])
-
-
-# the coordinate-descent candidates of each link kind's parameters (after the coarse grid)
+# the coordinate-descent candidates of each link kind's parameters; descent starts from the previous fit, from
+# the coarse grid's best with each of STARTS (parameters the grid does not set; the delay at the ping-pong's) and
+# from the RANDOM_KEEP best of RANDOM_DRAWS seeded random points of FINE's grid
 FINE = {
     "unshaped": {"delay_a": [0.05e-3, 0.1e-3, 0.15e-3, 0.2e-3, 0.3e-3, 0.4e-3, 0.5e-3, 0.7e-3, 1e-3],
                  "delay_b": [0.0, 0.25e-9, 0.5e-9, 0.75e-9, 1e-9, 1.5e-9, 2e-9, 3e-9, 4e-9],
@@ -205,21 +162,13 @@ FINE = {
               "overhead_paced_s": [0.0, 0.025e-3, 0.05e-3, 0.1e-3, 0.2e-3, 0.3e-3, 0.4e-3],
               "overhead_paced_byte_s": [0.0, 0.5e-9, 1e-9, 2e-9, 3e-9, 4e-9]},
 }
-
-
-# coordinate descent starts from the previous fit (disco.planner's defaults; a rerun on the same entries
-# keeps it unless it finds better) and from the coarse grid's best with these values of the parameters the
-# grid does not set (the delay starts at the ping-pong's)
 STARTS = {"unshaped": [{"wake_oversub_s": w} for w in (0.0, 0.1e-3, 0.3e-3)], "paced": [{}]}
-
-
-RANDOM_DRAWS, RANDOM_KEEP = 1500, 3  # seeded random points of FINE's grid; the best few start a descent too
+RANDOM_DRAWS, RANDOM_KEEP = 1500, 3
 
 
 def random_starts(space: dict[str, list[float]], score: Callable[[dict], tuple[float, float]],
                   draws: int = RANDOM_DRAWS, keep: int = RANDOM_KEEP, seed: int = 0) -> list[dict]:
-    """The ``keep`` best of ``draws`` seeded random points of the grid ``space`` (by ``score``, lower is better):
-    starts for coordinate descent that do not depend on the previous fit or on the coarse grid."""
+    """The ``keep`` best of ``draws`` seeded random points of the grid ``space`` (by ``score``, lower is better)."""
     rng = np.random.default_rng(seed)
     pts = [{k: float(v[rng.integers(len(v))]) for k, v in space.items()} for _ in range(draws)]
     scored = sorted(((score(p), i) for i, p in enumerate(pts)))
@@ -229,25 +178,14 @@ def random_starts(space: dict[str, list[float]], score: Callable[[dict], tuple[f
 def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dict,
              hold: dict[str, float] | None = None, warm: bool = True, label: str = "",
              seeds: Sequence[planner.Calibration] = ()) -> planner.Calibration:
-    """Fit on the entries ``calib``, for unshaped and paced links apart: the delivery delay ``a + b*S``,
-    the wake-up of a node blocked on a message, the CPU overhead after each received message ``o + o_b*S``
-    and (unshaped) the useful share of the cores when 4 node processes share 2. A coarse grid with the
-    delay of the loaded ping-pong (``meta.delay_loaded*``) first, then coordinate descent over ``FINE``
-    with the delay free: the ping-pong, one message at a time beside a synthetic load, is a noisy
-    estimate of the delay inside a run (its one-way times are not even monotone in the size). Its slope,
-    what a byte costs to copy through loopback, bounds the per-byte delay at twice its value: a steeper
-    slope fitted on small messages (CIFAR's 32 KB) would charge the megabyte messages of resnet50 for what is
-    a per-message cost (resnet50 dense N=2 measures the same at fp16 and fp32). Coordinate descent
-    is path-dependent, so it starts from the previous fit (``disco.planner.Calibration``'s defaults; only
-    when ``warm``: a cross-validation fold must not start from a fit that saw the other half), from the
-    grid's best with ``STARTS`` and from the best of ``RANDOM_DRAWS`` seeded random points of ``FINE``'s
-    grid (``random_starts``) and from ``seeds`` (the fit on all entries starts from the halves' fits too,
-    so it scores at least what they score on all entries), and keeps the best: a rerun on the same entries
-    returns the committed fit, and a refit never scores below the fit it replaces. The
-    objective is the number of entries within 1.25x, ties broken by the mean squared log-error.
-    tc entries (no pacing, gloo through a tbf-shaped veth) take the unshaped delay and tbf's bucket, and count
-    with the unshaped entries. ``hold`` fixes
-    parameters at a value (an ablation: ``--hold corun=1`` fits the model without the co-run term)."""
+    """Fit the link parameters on ``calib``, unshaped (with tc) and paced links apart: a coarse grid with the
+    loaded ping-pong's delay (``meta.delay_loaded*``), then coordinate descent over ``FINE`` with the delay free
+    (the ping-pong, one message beside a synthetic load, is a noisy estimate of the delay inside a run), its
+    per-byte part at most twice the ping-pong's (a steeper slope fitted on small messages would overcharge
+    megabyte ones). Descent is path-dependent: it also starts from the previous fit (only when ``warm``: a
+    cross-validation fold must not start from a fit that saw the other half) and from ``seeds`` (the halves'
+    fits), and keeps the best, so a refit never scores below the fit it replaces. Objective: entries within
+    1.25x, then the mean squared log-error. ``hold`` fixes parameters (an ablation: ``--hold corun=1``)."""
     hold = hold or {}
     d, dp = meta["delay_loaded"], meta["delay_loaded_paced"]
     base = dict(cal.__dict__, delay_a=d["a_s"], delay_b=d["b_s_per_byte"], delay_paced_a=dp["a_s"],
@@ -261,7 +199,8 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
         es = [e for e in calib if sel(e)]
 
         def score(p: dict, es: list[dict] = es, base: dict = base) -> tuple[float, float]:
-            le = err(es, feats, planner.Calibration(**(base | p)), True)
+            c = planner.Calibration(**(base | p))
+            le = np.array([math.log(e["latency_ms_median"] / predict_entry(e, feats, c, True)) for e in es])
             return -int((np.abs(le) <= math.log(1.25)).sum()), float(np.mean(le ** 2))
 
         scores = []
@@ -273,21 +212,20 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
         grid_score, grid_best = min(scores)
         print(f"{label}{kind} grid: {-grid_score[0]} of {len(es)} entries within 1.25x", flush=True)
         bmax = 2 * (d if kind == "unshaped" else dp)["b_s_per_byte"]  # the per-byte delay: at most 2x the ping-pong's
+        space = {k: [v for v in vs if k not in ("delay_b", "delay_paced_b") or v <= bmax]
+                 for k, vs in FINE[kind].items()}
         best_score, best = None, None
         prev = planner.Calibration()  # the committed fit (disco.planner's defaults): kept unless beaten
         starts = [{k: getattr(prev, k) for k in FINE[kind]} | hold] * warm + \
             [{k: getattr(c, k) for k in FINE[kind]} | hold for c in seeds] + \
             [{k: base[k] for k in FINE[kind]} | s | dict(grid_best) | hold for s in STARTS[kind]] + \
-            [p | hold for p in random_starts({k: [v for v in vs if k not in ("delay_b", "delay_paced_b") or v <= bmax]
-                                              for k, vs in FINE[kind].items()}, lambda p: score(p | hold))]
+            [p | hold for p in random_starts(space, lambda p: score(p | hold))]
         for cur in starts:  # coordinate descent is path-dependent: a few starts, the best kept
             cur_score = score(cur)
             for _ in range(8):  # coordinate descent until no parameter moves
                 moved = False
-                for name, values in FINE[kind].items():
+                for name, values in space.items():
                     for v in [] if name in hold else values:
-                        if name in ("delay_b", "delay_paced_b") and v > bmax:
-                            continue
                         trial = cur | {name: v}
                         sc = score(trial)
                         if sc < cur_score:
@@ -303,16 +241,14 @@ def fit_link(calib: list[dict], feats: dict, cal: planner.Calibration, meta: dic
 
 def fit(es: list[dict], feats: dict, meta: dict, hold: dict[str, float], warm: bool, label: str,
         seeds: Sequence[planner.Calibration] = ()) -> tuple[planner.Calibration, list[float]]:
-    """The compute fit, then the link fit, on the entries ``es``; the calibration and the compute fit's
-    [worst, median] absolute log-error."""
+    """The compute fit, then the link fit, on ``es``: the calibration, the compute fit's [worst, median] |log-error|."""
     coef, cfit = fit_compute(es, feats)
     cal = planner.Calibration(flop_s=coef[0], op_s=coef[1], msg_s=coef[2], byte_s=coef[3])
     return fit_link(es, feats, cal, meta, hold, warm, label, seeds), cfit
 
 
 def drifted(e: dict) -> bool:
-    """Whether the host's speed probe around the entry's run (after the sweep re-traced and measured it once
-    more) still moved more than ``DRIFT`` from the probe taken with its compute trace."""
+    """Whether the host's speed around the entry's run moved more than ``DRIFT`` from its compute trace's."""
     return (e.get("host_drift") or 1.0) > DRIFT
 
 
@@ -340,7 +276,7 @@ def main() -> int:
     meta, multi, single = entries()
     models = args.models.split(",")
     feats = build_features(multi, models)
-    multi = [e for e in multi if f"{e['model']}|{e['nodes']}|{e['ratio_target']}|{e['codec']}" in feats]
+    multi = [e for e in multi if fkey(e) in feats]
     moved = [e for e in multi if drifted(e)]  # measured on a host of another speed than its trace: counted apart
     fitted = [e for e in multi if not drifted(e)]
     halves = {h: [e for e in es if not drifted(e)] for h, es in zip("AB", split(multi), strict=True)}
@@ -356,6 +292,7 @@ def main() -> int:
     cal.single_process = {f"{e['model']}|{','.join(map(str, e['input_shape']))}": round(e["latency_ms_median"], 3)
                           for e in single}
     half = {id(e): h for h, es in halves.items() for e in es}
+    old = [e for e in multi if e.get("predicted_by") != "planner"]  # the sweep's retired model's predictions
     # each entry's four predictions, once: the rows store them rounded, the summary counts them unrounded
     pred: dict[tuple[int, str], float] = {}
     for e in multi:
@@ -363,29 +300,23 @@ def main() -> int:
             pred[(id(e), f)] = predict_entry(e, feats, cal, measured)
             if id(e) in other:  # cross-validated: the half that did not see e
                 pred[(id(e), f.replace("_ms", "_cv_ms"))] = predict_entry(e, feats, other[id(e)], measured)
-    rows = []
-    for e in multi:
-        rows.append({"key": key(e), "half": half.get(id(e)), "measured_ms": e["latency_ms_median"],
-                     "old_predicted_ms": e["predicted_ms"],
-                     **{f: (round(pred[(id(e), f)], 3) if (id(e), f) in pred else None)
-                        for f in ("link_model_ms", "planner_ms", "link_model_cv_ms", "planner_cv_ms")},
-                     "weights": e.get("weights"), "loadavg_1min": e.get("loadavg_1min"),
-                     "host_drift": e.get("host_drift"), "retraced": e.get("retraced"),
-                     "messages_measured": e.get("messages_measured"),
-                     "launch_medians_ms": e.get("latency_ms_launch_medians"),
-                     "messages_program": sum(1 for p in feats[fkey(e)]["progs"] for s in p if s[0] == "s"),
-                     "kept_set": "reproduced" if (e.get("weights") or "").startswith("random") else
-                     "magnitude at the same r (the entry used a trained checkpoint not in the repository)"})
-
-    def preds(es: list[dict], f: str) -> list[float]:
-        return [pred[(id(e), f)] for e in es]
-
+    rows = [{"key": key(e), "half": half.get(id(e)), "measured_ms": e["latency_ms_median"],
+             "old_predicted_ms": None if e.get("predicted_by") == "planner" else e["predicted_ms"],
+             **{f: (round(pred[(id(e), f)], 3) if (id(e), f) in pred else None)
+                for f in ("link_model_ms", "planner_ms", "link_model_cv_ms", "planner_cv_ms")},
+             "weights": e.get("weights"), "loadavg_1min": e.get("loadavg_1min"),
+             "host_drift": e.get("host_drift"), "retraced": e.get("retraced"),
+             "messages_measured": e.get("messages_measured"), "launch_medians_ms": e.get("latency_ms_launch_medians"),
+             "messages_program": sum(1 for p in feats[fkey(e)]["progs"] for s in p if s[0] == "s"),
+             "kept_set": "reproduced" if (e.get("weights") or "").startswith("random") else
+             "magnitude at the same r (the entry used a trained checkpoint not in the repository)"} for e in multi]
     out = {"calibration": {k: v for k, v in cal.__dict__.items() if k != "source"},
            "compute_fit_log_error": {"worst": cfit[0], "median": cfit[1]},
-           "delay_pingpong_loaded": pingpong(meta),
+           "delay_pingpong_loaded": {k: [meta[m]["a_s"], meta[m]["b_s_per_byte"]]  # the sweep's, for the page
+                                     for k, m in (("unshaped", "delay_loaded"), ("paced", "delay_loaded_paced"))},
            "method": __doc__.strip(),
-           "summary": {"old model, all measured": summary(multi, [e["predicted_ms"] for e in multi])} | {
-               f"{what}, {how}": summary(es, preds(es, f"{f}{cv}"))
+           "summary": {"old model, all measured": summary(old, [e["predicted_ms"] for e in old])} | {
+               f"{what}, {how}": summary(es, [pred[(id(e), f"{f}{cv}")] for e in es])
                for block in ((("fitted on all", fitted, "_ms"), ("cross-validated", fitted, "_cv_ms")),
                              ((f"host speed moved > {DRIFT:.2f}x (not fitted)", moved, "_ms"),))
                for what, f in (("link model (measured compute)", "link_model"), ("planner (compute model too)",

@@ -32,18 +32,16 @@ def netns_cleanup() -> None:
 
 
 def tbf_burst(bw_mbit: float) -> int:
-    """The tbf bucket in bytes at ``bw_mbit``: 1 ms of traffic, at least a few frames (the latency model's
-    tc prediction takes it too)."""
+    """The tbf bucket in bytes at ``bw_mbit``: 1 ms of traffic, at least 16 KB (the tc prediction takes it too)."""
     return int(max(16 * 1024, bw_mbit * 1e6 / 8 / 1000))
 
 
-def netns_setup(bw_mbit: float, burst: int | None = None) -> None:
-    """The namespaces and the veth, tbf at ``bw_mbit`` with a bucket of ``burst`` bytes (default tbf_burst)."""
+def netns_setup(bw_mbit: float) -> None:
+    """The namespaces and the veth, tbf at ``bw_mbit`` with a bucket of ``tbf_burst`` bytes."""
     netns_cleanup()
     for ns in NS:
         _sh("ip", "netns", "add", ns)
     _sh("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
-    burst = tbf_burst(bw_mbit) if burst is None else burst
     for r in (0, 1):
         ns, dev = NS[r], VETH[r]
         _sh("ip", "link", "set", dev, "netns", ns)
@@ -52,7 +50,7 @@ def netns_setup(bw_mbit: float, burst: int | None = None) -> None:
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
         _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0", check=False)
         _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{bw_mbit:g}mbit",
-            "burst", str(burst), "latency", "2s")
+            "burst", str(tbf_burst(bw_mbit)), "latency", "2s")
 
 
 def netns_check() -> str | None:
@@ -70,13 +68,12 @@ def netns_check() -> str | None:
     return None
 
 
-def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float, burst: int | None = None) -> dict[str, Any]:
-    """N=2, node r in namespace NS[r], the veth shaped by tbf (bucket ``burst``: see netns_setup); the leader's
-    report. ``d``: a torch or an ONNX export."""
+def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float) -> dict[str, Any]:
+    """N=2, node r in namespace NS[r], the veth shaped by tbf; the leader's report. ``d``: a torch or ONNX export."""
     port = free_port()
     procs = []
     try:
-        netns_setup(bw_mbit, burst)
+        netns_setup(bw_mbit)
         with tempfile.TemporaryDirectory(prefix="disco-tc-") as tmp:
             res = Path(tmp) / "result.json"
             errs = []
@@ -90,10 +87,7 @@ def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float, burst: i
                 time.sleep(0.1)
             codes = [p.poll() for p in procs]
             if any(c != 0 for c in codes):
-                text = []
-                for e in errs:
-                    e.seek(0)
-                    text.append(e.read()[-600:])
+                text = [Path(e.name).read_text()[-600:] for e in errs]
                 raise LaunchError(f"tc run failed, exit codes {codes}: {' | '.join(text)}", codes, text)
             for e in errs:
                 e.close()

@@ -4,17 +4,11 @@
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.plan_validate 3,4      # only these settings (indices)
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.plan_validate --host-check   # the host's slowdown now
 
-For every setting: ``disco plan ... --cores 2 --json`` (the node processes share this host's 2
-cores), then ``disco export MODEL --nodes N [--shares] --ratio r --input-shape ...`` and ``disco run
-DIR --nodes N --codec C --bandwidth B --latency L --json``; measured median against
-``predicted_ms``, and against ``predicted_ms_time_host``, the same plan with ``--time-host`` (the
-calibration's CPU costs scaled by the model's one-process time on this host), with the host's load
-average before and after each run (this host is shared:
-other people's jobs inflate what is measured). The calibration (results/latency_model.json) saw
-resnet50, cifar_resnet20, deit_small, rrdbnet, deeplabv3plus and ssd300 at N=2 and 4, equal shares,
-10/100/1000 Mbit/s and unshaped, no added latency: every setting below differs (N=3, 20 ms and other
-latencies, unequal shares, other models). The last four rows price and run the ONNX engine (``--engine onnx``,
-``disco export --format onnx``; its compute and message costs are timed on this host at plan time).
+Per setting: ``disco plan ... --cores 2 --json`` (and with ``--time-host``: CPU costs scaled to this host),
+then ``disco export`` and ``disco run`` of its recommendation on the setting's link; measured against both
+predictions, with the load average around each run (the host is shared). The calibration saw six models at N=2
+and 4, equal shares, 10/100/1000 Mbit/s and unshaped, no added latency: every setting differs (N=3, added
+latency, unequal shares, other models); the last four price and run the ONNX engine (timed here at plan time).
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "planner_validation.json"
 DISCO = [sys.executable, "-m", "disco.cli"]
+PLAN = ("nodes", "ratio_target", "codec", "shares")  # what identifies a candidate of a plan
 SETTINGS = [
     {"model": "cifar_resnet20", "input_shape": "1,3,32,32", "bandwidth": "50mbit", "latency": "20ms", "nodes": "3"},
     {"model": "resnet18", "input_shape": "1,3,64,64", "bandwidth": "100mbit", "latency": "2ms", "nodes": "2,3"},
@@ -93,8 +88,7 @@ def main() -> int:
         plan_s = time.perf_counter() - t0
         rec = res["recommended"]
         timed = res if onnx else sh([*plan_cmd, "--time-host"])
-        same = [c for c in timed["candidates"] if all(c[k] == rec[k] for k in ("nodes", "ratio_target", "codec",
-                                                                              "shares"))]
+        same = [c for c in timed["candidates"] if all(c[k] == rec[k] for k in PLAN)]
         with tempfile.TemporaryDirectory() as d:
             sh([*DISCO, "export", s["model"], "--nodes", str(rec["nodes"]), "--ratio", str(rec["ratio_target"]),
                 "--input-shape", s["input_shape"], "--out", d, "--codec", rec["codec"], "--json",
@@ -109,8 +103,7 @@ def main() -> int:
              "predicted_ms": rec["predicted_ms"], "measured_ms": run["latency_ms_median"],
              "measured_over_predicted": round(run["latency_ms_median"] / rec["predicted_ms"], 3),
              "predicted_ms_time_host": same[0]["predicted_ms"], "host": timed["host"],
-             "recommended_time_host": {k: timed["recommended"][k] for k in ("nodes", "ratio_target", "codec",
-                                                                           "shares")},
+             "recommended_time_host": {k: timed["recommended"][k] for k in PLAN},
              "measured_over_predicted_time_host": round(run["latency_ms_median"] / same[0]["predicted_ms"], 3),
              "bytes_sent": run["bytes_sent_total"], "bytes_predicted": rec["bytes"],
              "loadavg_1min_before": round(load0, 2), "loadavg_1min_after": round(load1, 2),

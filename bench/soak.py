@@ -3,11 +3,9 @@
     OMP_NUM_THREADS=1 python -m bench.soak                      # 2,000 inferences, --stream 8, N=2 -> results/soak.json
     python -m bench.soak --iters 300 --out /tmp/soak.json      # a quick look
 
-The model is ``cifar_resnet8`` split over N nodes with a random 30% of its links kept (its weights do not matter
-for memory). Every node samples its resident memory (/proc/self/statm) 40 times along the stream; the first
-``--warmup-fraction`` of the samples is warm-up. A node is flat when every later sample stays within
-``--tolerance`` (5%) of its first post-warm-up sample; ``growth_kb_per_inference`` is the least-squares slope
-over the post-warm-up samples.
+``cifar_resnet8`` over N nodes, a random 30% of its links kept; each node samples its RSS 40 times along the stream.
+A node is flat when every sample after the first ``--warmup-fraction`` stays within ``--tolerance`` of the first
+of them; ``growth_kb_per_inference`` is the least-squares slope over those samples.
 """
 
 from __future__ import annotations
@@ -23,20 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.faults import make_export
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def export_model(d: Path, nodes: int, seed: int = 0) -> None:
-    from disco.graph import partition
-    from disco.masks import DiscoModel
-    from disco.models import build_model
-    from disco.runtime.export import export
-
-    torch.manual_seed(seed)
-    model = build_model("cifar_resnet8").eval()
-    part = partition(model, (1, 3, 32, 32), nodes)
-    kept = np.random.default_rng(seed).random(part.n_links) < 0.3
-    export(DiscoModel(model, part, kept).eval(), part, kept, d, {"name": "cifar_resnet8", "kwargs": {}})
 
 
 def node_summary(samples: list[float], iters: int, warmup_fraction: float, tol: float) -> dict:
@@ -52,16 +39,9 @@ def node_summary(samples: list[float], iters: int, warmup_fraction: float, tol: 
 
 
 def _args_but_out(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip or a.startswith("--out="):
-            skip = False
-            continue
-        if a == "--out":
-            skip = True
-            continue
-        out.append(a)
-    return out
+    """``argv`` without its ``--out PATH`` or ``--out=PATH``."""
+    value = {i + 1 for i, a in enumerate(argv) if a == "--out"}
+    return [a for i, a in enumerate(argv) if i not in value and a != "--out" and not a.startswith("--out=")]
 
 
 def main() -> int:
@@ -79,7 +59,7 @@ def main() -> int:
     from disco.runtime.options import RunOptions
 
     with tempfile.TemporaryDirectory(prefix="disco-soak-") as tmp:
-        export_model(Path(tmp), args.nodes)
+        make_export(Path(tmp), nodes=args.nodes)
         opts = RunOptions(warmup=3, iters=args.iters, stream=args.stream, bandwidth=args.bandwidth, timeout=60)
         t0 = time.monotonic()
         rep = launch(tmp, args.nodes, opts, timeout=3600)

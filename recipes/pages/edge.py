@@ -1,4 +1,4 @@
-"""The device engine side by side (bench/edge.py -> results/edge.json, bench/pingpong.py -> results/pingpong.json):
+"""The device engine side by side (bench/edge.py -> results/edge.json; its --pingpong -> results/pingpong.json):
 per model, one process against N nodes on each engine, memory and latency, and issue 30's targets stated from
 the data (a target whose rows are missing says so)."""
 

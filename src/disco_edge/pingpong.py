@@ -10,7 +10,7 @@ message. ``paced``: every message goes through the pacing thread, which holds it
 and the sleep's overshoot. ``busy``: both ranks compute (``BUSY_WORK_S`` of work when alone) and then exchange, as
 two nodes that compute at once do; the figure is each round's time less the work's (what busy cores add to a
 message), and the rows add rank 0's work time alone (rank 1 waiting) and together (how much two processes computing
-at once slow each other here). Used by ``disco plan --engine onnx`` and ``bench/pingpong.py``.
+at once slow each other here). Used by ``disco plan --engine onnx`` and ``bench/edge.py --pingpong``.
 """
 
 from __future__ import annotations
