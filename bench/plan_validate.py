@@ -8,7 +8,7 @@ Per setting: ``disco plan ... --cores 2 --json`` (and with ``--time-host``: CPU 
 then ``disco export`` and ``disco run`` of its recommendation on the setting's link; measured against both
 predictions, with the load average around each run (the host is shared). The calibration saw six models at N=2
 and 4, equal shares, 10/100/1000 Mbit/s and unshaped, no added latency: every setting differs (N=3, added
-latency, unequal shares, other models); the last four price and run the ONNX engine (timed here at plan time).
+latency, unequal shares, other models); the last six price and run the ONNX engine (timed here at plan time).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ SETTINGS = [
      "nodes": "2,3"},
     {"model": "resnet50", "input_shape": "1,3,224,224", "bandwidth": "100mbit", "latency": "2ms", "nodes": "2,4"},
 ] + [{"model": "cifar_resnet20", "input_shape": "1,3,32,32", "bandwidth": b, "latency": "0ms", "nodes": "2",
-      "ratios": r, "codecs": "fp32", "engine": "onnx"} for r in ("0.2", "1") for b in ("none", "100mbit")]
+      "ratios": r, "codecs": "fp32", "engine": "onnx"} for r in ("0.2", "1") for b in ("none", "100mbit")] + [
+    {"model": "resnet50", "input_shape": "1,3,224,224", "bandwidth": b, "latency": "0ms", "nodes": "2", "ratios": "0.2",
+     "codecs": "fp16", "engine": "onnx"} for b in ("none", "1gbit")]
 
 
 def sh(cmd: list[str]) -> dict:

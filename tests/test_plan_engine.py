@@ -16,6 +16,7 @@ from disco.planner import engines
 
 SHAPE = (1, 3, 32, 32)
 ORT = {"run_s": 2e-5, "op_s": 1e-6, "flop_s": 5e-12, "one_process_ms": 5.0}
+SPLIT = {"split_factor": 1.0}  # a split computing as its FLOPs say
 
 
 def _pingpong(one_way_s: float, send_s: float = 1e-5) -> dict:
@@ -31,7 +32,8 @@ def test_onnx_calibration_takes_the_measured_costs() -> None:
     the ping-pong has its busy mode)."""
     model = build_model("cifar_resnet8").eval()
     cal = planner.Calibration(single_process={"cifar_resnet8|1,3,32,32": 10.0}, codec_encode_s={"int8": 1e-9})
-    new, host = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=_pingpong(1e-4))
+    new, host = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=_pingpong(1e-4),
+                                         split=SPLIT)
     assert (new.flop_s, new.op_s, new.run_s, new.msg_s) == (5e-12, 1e-6, 2e-5, 1e-5)
     assert new.delay_a == pytest.approx(9e-5 - 1024e-9) and new.delay_b == pytest.approx(1e-9)
     assert new.delay_paced_a == pytest.approx(new.delay_a) and new.delay_paced_b == pytest.approx(1e-9)
@@ -41,8 +43,26 @@ def test_onnx_calibration_takes_the_measured_costs() -> None:
     assert host["engine"] == "onnx" and host["cpu_factor"] == pytest.approx(0.5)
     assert planner.single_process(model, "cifar_resnet8", SHAPE, new)["ms"] == 5.0
     busy = {**_pingpong(1e-4), "busy": [{"bytes": 1024, "one_way_s": 4e-4, "send_s": 1e-5}]}
-    new, _ = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=busy)
+    new, _ = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=busy, split=SPLIT)
     assert new.busy_s == pytest.approx(3e-4)  # what computing on both sides adds to a message
+    slow, host = planner.onnx_calibration(cal, model, "cifar_resnet8", SHAPE, ort=ORT, pingpong=busy,
+                                          split={"split_factor": 1.5})
+    assert (slow.flop_s, slow.op_s, slow.run_s) == pytest.approx((7.5e-12, 1.5e-6, 3e-5))  # the compute, scaled
+    assert slow.msg_s == new.msg_s and host["split"] == {"split_factor": 1.5}
+
+
+def test_split_compute_times_each_rank_of_a_real_onnx_split() -> None:
+    """The ranks of a real 2-node ONNX export, run alone by the node engine, against the compute model's
+    prediction of the same programs: the factor is what a split costs beyond its FLOPs, measured here."""
+    torch.manual_seed(0)
+    model = build_model("cifar_resnet8").eval()
+    cal = planner.Calibration(flop_s=5e-12, op_s=1e-6, msg_s=0.0, byte_s=0.0, run_s=2e-5)
+    res = engines.split_compute(model, SHAPE, cal, reps=3)
+    assert len(res["split_node_ms"]) == 2 and min(res["split_node_ms"]) > 0
+    slow = max(range(2), key=lambda j: res["split_node_ms"][j])
+    assert res["split_factor"] == pytest.approx(res["split_node_ms"][slow] / res["split_node_modelled_ms"][slow],
+                                                rel=0.02)  # the ms are rounded to 1 us
+    assert min(res["split_node_modelled_ms"]) > 0 and res["split_ratio"] == engines.SPLIT_RATIO
 
 
 def test_price_charges_run_s_per_compute_segment_with_ops() -> None:
@@ -54,6 +74,7 @@ def test_price_charges_run_s_per_compute_segment_with_ops() -> None:
 def _fake(monkeypatch, one_way_s: float, ort: dict | None = None) -> None:
     monkeypatch.setattr(engines, "ort_costs", lambda *a, **k: ort or ORT)
     monkeypatch.setattr(engines, "zmq_pingpong", lambda *a, **k: _pingpong(one_way_s))
+    monkeypatch.setattr(engines, "split_compute", lambda *a, **k: SPLIT)
 
 
 def _req(**kw) -> planner.PlanRequest:
@@ -94,6 +115,7 @@ def test_cli_plan_engine_onnx_measures_here(capsys) -> None:
     h = res["host"]
     assert res["engine"] == "onnx" and h["engine"] == "onnx"
     assert h["zmq_one_way_ms"]["unpaced"] > 0 and h["costs"]["run_s"] > 0 and h["costs"]["flop_s"] > 0
+    assert h["split"]["split_factor"] > 0 and len(h["split"]["split_node_ms"]) == 2
     assert res["single_process"]["ms"] == h["one_process_ms_here"]
     assert any("--format onnx" in c for c in res["commands"])
 
@@ -117,3 +139,17 @@ def test_cli_plan_engine_table_and_bad_input(monkeypatch, capsys) -> None:
     assert "needs pyzmq: pip install pyzmq" in err and "Traceback" not in err
     with pytest.raises(ValueError, match="engine 'tpu'"):
         planner.plan(_req().__class__(**{**vars(_req()), "engine": "tpu"}))
+
+
+def test_split_compute_falls_back_to_the_flops_when_the_export_refuses(monkeypatch) -> None:
+    """A model the ONNX export refuses (a constant output) is still planned, priced by its FLOPs, and says why."""
+    from disco.errors import RefusedError
+    from disco.runtime import onnx_export
+
+    def refuse(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise RefusedError("the model's output does not depend on its input")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", refuse)
+    torch.manual_seed(0)
+    res = engines.split_compute(build_model("cifar_resnet8").eval(), SHAPE, planner.Calibration(), reps=1)
+    assert res["split_factor"] == 1.0 and "does not depend" in res["split_refused"]
