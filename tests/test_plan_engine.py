@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -63,6 +64,19 @@ def test_split_compute_times_each_rank_of_a_real_onnx_split() -> None:
     assert res["split_factor"] == pytest.approx(res["split_node_ms"][slow] / res["split_node_modelled_ms"][slow],
                                                 rel=0.02)  # the ms are rounded to 1 us
     assert min(res["split_node_modelled_ms"]) > 0 and res["split_ratio"] == engines.SPLIT_RATIO
+    dear = engines.split_compute(model, SHAPE, dataclasses.replace(cal, msg_s=1e-3, byte_s=1e-6), reps=1)
+    assert dear["split_node_modelled_ms"] == res["split_node_modelled_ms"]  # the ranks send nothing: compute only
+
+
+def test_message_costs_take_the_process_cpu_per_message_and_byte_where_measured() -> None:
+    """``cpu_s`` (every thread of the process, the ZeroMQ I/O thread's work included) prices a message and its
+    bytes; a ping-pong without it keeps the send call's CPU and leaves the per-byte CPU to the scaled calibration."""
+    pp = _pingpong(1e-4)
+    pp["unpaced"] = [{**pp["unpaced"][0], "cpu_s": 4e-5}, {**pp["unpaced"][1], "cpu_s": 4e-5 + 262144 * 2e-10}]
+    got = engines.message_costs(pp)
+    assert got["msg_s"] == pytest.approx(4e-5) and got["byte_s"] == pytest.approx(2e-10)
+    assert "byte_s" not in engines.message_costs(_pingpong(1e-4))
+    assert engines.message_costs(_pingpong(1e-4))["msg_s"] == 1e-5
 
 
 def test_price_charges_run_s_per_compute_segment_with_ops() -> None:

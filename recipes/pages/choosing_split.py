@@ -38,16 +38,16 @@ OUTRO = [
     "of a one-op graph, each op of a chain of tiny ops and the model's own ONNX graph (the compute), and a "
     "ZeroMQ ping-pong of the engine's transport: plain, through its pacing thread holding each message for "
     "0.5 ms, and with both processes computing between messages (the per-message costs, what busy cores add "
-    "to a message, and how much two computing processes slow each other). A split's segments compute slower "
-    "than their FLOPs say (the dense graph that timed the FLOP fuses what a rank's segments cannot), so the "
-    "plan also exports the model over 2 nodes at r=0.2, times each rank alone and scales the compute costs by "
-    "measured over predicted (`split_factor` in the plan's `host`). The rows with engine onnxruntime run those "
-    "plans on an idle host (`OMP_NUM_THREADS=1 python -m bench.plan_validate 6,7,8,9,10,11`). Run the same day "
-    "with the factor forced to 1 (a one-line edit of `onnx_calibration`), the four CIFAR rows measured 1.97, "
-    "1.16, 2.06 and 1.10x their predictions, "
-    "against 1.76, 1.19, 1.86 and 1.10x with it; resnet50 unshaped was predicted 20.2 ms without it. The "
-    "unshaped rows are still under-predicted: the waits between the two ranks' segments cost more than the "
-    "model's replay gives them.", "",
+    "to a message, and how much two computing processes slow each other). A message is charged the CPU a "
+    "process spends on it with every thread counted (its send, its receive and ZeroMQ's I/O thread, per message "
+    "and per byte), and since a split's segments compute slower than their FLOPs say (the dense graph that timed "
+    "the FLOP fuses what a rank's segments cannot), the plan also exports the model over 2 nodes at r=0.2, times "
+    "each rank alone and scales the compute costs by measured over predicted (`split_factor` in the plan's "
+    "`host`). The rows with engine onnxruntime run those plans on an idle host (`OMP_NUM_THREADS=1 python -m "
+    "bench.plan_validate 6,7,8,9,10,11`). The same host the same evening, measured over predicted for the six "
+    "rows: 1.97, 1.16, 2.06 and 1.10 for the CIFAR rows with neither correction (the send call's CPU alone per "
+    "message, the FLOPs at the dense graph's rate); 1.76, 1.19, 1.86, 1.10, 1.38 and 1.35 with the split factor "
+    "only; the table below is with both.", "",
     "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
 COLUMNS = ["", "N", "r", "codec", "predicted ms", "MB moved", "weights per node (MB, max)",
            "memory per node (MB, max)"]

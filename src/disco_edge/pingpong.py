@@ -3,7 +3,8 @@
     python -m disco_edge.pingpong --sizes 1024,262144 --iters 200 --modes unpaced,paced   # one JSON line
 
 Rank 0 sends S bytes, rank 1 sends them back: one way = median round trip / 2 (after ``warmup`` rounds), and the
-median CPU time of rank 0's ``send`` call (the sender's own cost per message: its thread's CPU time). It runs the
+median CPU time of rank 0's ``send`` call (``send_s``: its thread's CPU time) and of rank 0's whole process per
+message (``cpu_s``: half a round trip's, every thread's, the ZeroMQ I/O thread's work included). It runs the
 node's own ``ZmqTransport`` (hello, tags, size check, zero-copy receive), so the figure is what a node pays per
 message. ``paced``: every message goes through the pacing thread, which holds it for an emulated one-way latency of
 ``PACED_LATENCY_S`` (``link_s`` in the rows), as on a shaped link: what it adds beyond that is the thread's hand-off
@@ -75,12 +76,12 @@ def _worker(rank: int, peers: list[str], sizes: list[int], iters: int, warmup: i
     rows = []
     for tag, size in enumerate(sizes, start=16):
         buf = np.ones(size, dtype=np.uint8)
-        rtt, send, work = [], [], []
+        rtt, send, work, cpu = [], [], [], []
         for i in range(warmup + iters):
             t0 = time.perf_counter()
             w = _timed_work(n_work) if n_work else 0.0  # busy: both ranks work, then exchange
             if rank == 0 or n_work:
-                c0 = time.thread_time()  # the send call's CPU (not the wait for a core or for the I/O thread)
+                p0, c0 = time.process_time(), time.thread_time()  # the send call's CPU (not the wait for a core)
                 tr.send(1 - rank, tag, buf)
                 c1 = time.thread_time()
                 tr.recv(1 - rank, tag, size)
@@ -88,12 +89,13 @@ def _worker(rank: int, peers: list[str], sizes: list[int], iters: int, warmup: i
                     rtt.append(time.perf_counter() - t0 - w)
                     send.append(c1 - c0)
                     work.append(w)
+                    cpu.append(time.process_time() - p0)  # every thread's: the I/O thread's work too
             else:
                 tr.send(0, tag, tr.recv(0, tag, size).copy())
         if rank == 0:
             one_way = statistics.median(rtt) / (1 if n_work else 2)  # busy: each round is one way each
             rows.append({"bytes": size, "one_way_s": one_way, "send_s": statistics.median(send), "iters": iters,
-                         "link_s": PACED_LATENCY_S if mode == "paced" else 0.0})
+                         "cpu_s": statistics.median(cpu) / 2, "link_s": PACED_LATENCY_S if mode == "paced" else 0.0})
             if n_work:
                 rows[-1].update(work_alone_s=alone, work_together_s=statistics.median(work))
     tr.flush()

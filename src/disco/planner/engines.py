@@ -8,16 +8,18 @@
   ``flop_s`` fit those two (with the compute model's FLOPs and ops of the dense model). A rank of an ONNX export
   runs each compute segment as one graph, so it pays ``run_s`` once per segment and no Python per op. The
   dense model in one graph fuses what a split's segments cannot, so the three are then scaled by
-  ``split_factor`` (:func:`split_compute`: a real 2-node ONNX split's ranks timed alone over what they predict;
-  resnet50 at 224 px 1.35x, CIFAR ResNet-20 1.6-1.7x on the 2-core development host);
+  ``split_factor`` (:func:`split_compute`: a real 2-node ONNX split's ranks timed alone over what their compute
+  predicts; resnet50 at 224 px 1.4x, CIFAR ResNet-20 2.3-2.6x on the 2-core development host);
 - messages (:func:`message_costs`): a one-way ping-pong of the engine's own ZeroMQ transport between two processes
   (``python -m disco_edge.pingpong``, a small and a large message, without and with the pacing thread holding
-  each message for an emulated latency, and with both processes computing between messages): the sender's CPU
-  per message ``msg_s`` is its ``send`` call's CPU time, the delivery delay ``a + b * bytes`` the rest of the
+  each message for an emulated latency, and with both processes computing between messages): the CPU a process
+  spends per message ``msg_s`` and per byte ``byte_s`` (half a round trip's CPU of every thread of rank 0: its
+  send, its receive and the ZeroMQ I/O thread's work, at the two sizes), the delivery delay ``a + b * bytes`` the
+  rest of the
   one-way time (the receiver's wake-up and receive are inside it: no receive overhead or wake-up is added; paced:
   less the emulated latency), ``busy_s`` what computing on both sides adds to it, ``corun`` how much the two
   processes' computing slows each other (the host's other load included, as it is now);
-- the per-byte CPU and the codecs scale as ``--time-host`` scales them (the dense model's ONNX Runtime time over
+- the codecs scale as ``--time-host`` scales them (the dense model's ONNX Runtime time over
   the calibration's one-process time); ``oversub`` and ``wake_oversub_s`` stay the calibration's.
 """
 
@@ -147,7 +149,8 @@ def split_compute(model: Any, shape: tuple[int, ...], cal: Calibration, r: float
 
     part = partition(model, shape, 2)
     kept = select_links(part, magnitude_scores(DiscoModel(copy.deepcopy(model), part)), r, "global")
-    modelled = [compute_s(p) for p in price(programs(part, kept, "fp32"), cal)]
+    alone = replace(cal, msg_s=0.0, byte_s=0.0)  # the ranks run without sending: compute only on both sides
+    modelled = [compute_s(p) for p in price(programs(part, kept, "fp32"), alone)]
     measured = []
     with tempfile.TemporaryDirectory() as d:
         try:
@@ -179,7 +182,9 @@ def zmq_pingpong(iters: int = 100) -> dict[str, list[dict[str, Any]]]:
 
 
 def message_costs(pingpong: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
-    """Calibration fields from a ping-pong: ``msg_s`` (the unpaced send call's CPU), per mode the delivery delay
+    """Calibration fields from a ping-pong: ``msg_s`` and ``byte_s`` (a process's CPU per message and per byte,
+    every thread's, from the unpaced rows' ``cpu_s``; without it ``msg_s`` is the send call's CPU and ``byte_s`` is
+    left to the caller), per mode the delivery delay
     ``a + b * bytes`` fitted through the smallest and largest message (one-way time less the send call and the
     emulated latency the pacer held it for),
     ``busy_s`` (the small message's one-way time with both sides computing, less without) and ``corun`` (the
@@ -191,8 +196,12 @@ def message_costs(pingpong: dict[str, list[dict[str, Any]]]) -> dict[str, float]
         d_lo, d_hi = (r["one_way_s"] - r["send_s"] - r.get("link_s", 0.0) for r in (lo, hi))
         slope = max(0.0, (d_hi - d_lo) / (hi["bytes"] - lo["bytes"])) if hi["bytes"] > lo["bytes"] else 0.0
         out[a], out[b] = max(0.0, d_lo - slope * lo["bytes"]), slope
-    small = min(pingpong["unpaced"], key=lambda r: r["bytes"])
+    small, large = (f(pingpong["unpaced"], key=lambda r: r["bytes"]) for f in (min, max))
     out["msg_s"] = small["send_s"]
+    if "cpu_s" in small:  # the process's CPU per message, its I/O thread's included (the send call is a part)
+        out["msg_s"] = small["cpu_s"]
+        if large["bytes"] > small["bytes"]:
+            out["byte_s"] = max(0.0, (large["cpu_s"] - small["cpu_s"]) / (large["bytes"] - small["bytes"]))
     if "busy" in pingpong:
         busy = min(pingpong["busy"], key=lambda r: r["bytes"])
         out["busy_s"] = max(0.0, busy["one_way_s"] - small["one_way_s"])
