@@ -211,9 +211,12 @@ class Prepared:
             self.progs[(r, codec)] = planner.programs(self.part, self.kept_at(r), codec)
         return self.progs[(r, codec)]
 
-    def trace(self, r: float, codec: str, cache: dict[str, list]) -> list:
-        """Each node's compute, traced alone on 1 thread (``cache``: the traces kept beside the exports)."""
+    def trace(self, r: float, codec: str, cache: dict[str, list], again: bool = False) -> list:
+        """Each node's compute, traced alone on 1 thread (``cache``: the traces kept beside the exports; ``again``:
+        trace anew, the host's speed moved since)."""
         tkey = f"{self.name}|{self.n}|{r:g}|{codec}"
+        if again:
+            cache.pop(tkey, None)
         if tkey not in cache:
             self.export_dir(r)
             torch.set_num_threads(1)
@@ -381,11 +384,12 @@ class Sweep:
         self.put(e)
         print(f"{name:15s} single        N=1  measured {e['latency_ms_median']:9.2f} ms", flush=True)
 
-    def predict(self, job: dict[str, Any], traced: bool = True) -> dict[str, Any]:
-        """The planner's prediction of ``job`` and (``traced``) each node's compute traced alone."""
+    def predict(self, job: dict[str, Any], traced: bool = True, retrace: bool = False) -> dict[str, Any]:
+        """The planner's prediction of ``job`` and (``traced``) each node's compute traced alone (``retrace``: anew)."""
         p = self.prep(job["model"], job["nodes"])
         progs = p.programs(job["r"], job["codec"])
-        comp = [lat.compute_s(t) * 1e3 for t in p.trace(job["r"], job["codec"], self.trace_cache)] if traced else None
+        comp = ([lat.compute_s(t) * 1e3 for t in p.trace(job["r"], job["codec"], self.trace_cache, retrace)]
+                if traced else None)
         return {"predicted_ms": predict_setting(progs, job_fields(job), self.cal, cores=self.cores),
                 "compute_ms_per_node": comp, "messages": sum(s[0] == "s" for pr in progs for s in pr)}
 
@@ -452,8 +456,7 @@ class Sweep:
                 break
             print(f"host speed moved {dr:.2f}x since the trace (probe {probe}): re-trace and measure "
                   f"{job_key(job)} again", flush=True)
-            self.trace_cache.pop(f"{job['model']}|{job['nodes']}|{job['r']:g}|{job['codec']}", None)
-            pred = self.predict(job)
+            pred = self.predict(job, retrace=True)
         return rep, pred, probe, attempt, time.monotonic() - t0
 
     def predicted_only(self, jobs: list[dict[str, Any]]) -> None:

@@ -50,6 +50,7 @@ def test_onnx_calibration_takes_the_measured_costs() -> None:
                                           split={"split_factor": 1.5})
     assert (slow.flop_s, slow.op_s, slow.run_s) == pytest.approx((7.5e-12, 1.5e-6, 3e-5))  # the compute, scaled
     assert slow.msg_s == new.msg_s and host["split"] == {"split_factor": 1.5}
+    assert host["costs"]["flop_s"] == pytest.approx(7.5e-12)  # the plan records the costs it priced with
 
 
 def test_split_compute_times_each_rank_of_a_real_onnx_split() -> None:

@@ -46,8 +46,9 @@ OUTRO = [
     "`host`). The rows with engine onnxruntime run those plans on an idle host (`OMP_NUM_THREADS=1 python -m "
     "bench.plan_validate 6,7,8,9,10,11`). The same host the same evening, measured over predicted for the six "
     "rows: 1.97, 1.16, 2.06 and 1.10 for the CIFAR rows with neither correction (the send call's CPU alone per "
-    "message, the FLOPs at the dense graph's rate); 1.76, 1.19, 1.86, 1.10, 1.38 and 1.35 with the split factor "
-    "only; the table below is with both.", "",
+    "message, the FLOPs at the dense graph's rate: commit d0a7fae with the split factor forced to 1, which prices "
+    "as 826c7c0 did); 1.76, 1.19, 1.86, 1.10, 1.38 and 1.35 with the split factor only (d0a7fae); the table "
+    "below is with both.", "",
     "<!-- table:planner_validation -->", "<!-- /table:planner_validation -->", ""]
 COLUMNS = ["", "N", "r", "codec", "predicted ms", "MB moved", "weights per node (MB, max)",
            "memory per node (MB, max)"]

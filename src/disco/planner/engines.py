@@ -241,6 +241,6 @@ def onnx_calibration(cal: Calibration, model: Any, name: str, shape: tuple[int, 
     host.update(engine="onnx",  # paced: beyond the emulated latency
                 zmq_one_way_ms={m: round((r["one_way_s"] - r.get("link_s", 0.0)) * 1e3, 4) for m, r in small.items()},
                 zmq_message_bytes=small["unpaced"]["bytes"],
-                costs={k: float(f"{v:.4g}") for k, v in {**msg, **ort}.items() if k != "one_process_ms"},
+                costs={k: float(f"{getattr(new, k):.4g}") for k in (*msg, "run_s", "op_s", "flop_s")},  # as priced
                 split=sp)
     return new, host
