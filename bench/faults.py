@@ -317,7 +317,6 @@ def wrong_token(c: Case, d: Path, tmp: Path) -> Outcome:
     return _run_nodes(c, d, tmp, free_port(), {0: "a", 1: "b"})
 
 
-NO_STREAM = "the onnxruntime engine refuses --stream (exit 2: case stream_option)"
 ONNX_ONLY = "a torch export has no ONNX graphs nor per-rank schedule"
 MH = "'manifest_hash'"  # an ONNX export's manifest edits are caught by its hash
 
@@ -334,8 +333,7 @@ def cases() -> list[Case]:
             out.append(Case(f"{tag}_run", f"SIG{sig} of the {who} after 5 inferences", 3,
                             fault=fault_env(rank, "run", 5, sig), needs=lost))
             out.append(Case(f"{tag}_stream", f"SIG{sig} of the {who} mid-stream (--stream 8)", 3,
-                            ["--iters", "60", "--stream", "8"], fault=fault_env(rank, "stream", 20, sig), needs=lost,
-                            per={"onnx": NO_STREAM}))
+                            ["--iters", "60", "--stream", "8"], fault=fault_env(rank, "stream", 20, sig), needs=lost))
     graph = "rank1/seg0.onnx"
     out += [
         Case("edit_kept", "manifest: one kept link moved", 2, edit=move_one_link, needs="field 'kept'",
@@ -378,8 +376,6 @@ def cases() -> list[Case]:
         Case("weights_resealed", f"{graph}: a weight scaled (resealed)", 3, edit=resealed(graph, onnx_edit(_scale)),
              needs="self-test", per={"torch": "a torch shard records its digests inside (case shard_byte)"}),
         Case("bad_codec", "option: --codec fp8", 2, ["--codec", "fp8"], needs="fp8"),
-        Case("stream_option", "option: --stream 8", 2, ["--stream", "8"], needs="--stream",
-             per={"torch": "the torch engine streams (the *_stream cases)"}),
         Case("sigterm", "SIGTERM to disco run mid-run", 128 + signal.SIGTERM, signal_run=signal.SIGTERM,
              needs="SIGTERM"),
         Case("sigint", "SIGINT (Ctrl-C) to disco run mid-run", 128 + signal.SIGINT, signal_run=signal.SIGINT,

@@ -131,11 +131,25 @@ def test_wrong_token_and_size_and_self_test(tmp_path: Path, export: Path) -> Non
     assert "self-test" in _one_line(errs[0]) and "rank 0" in _one_line(errs[1])
 
 
+def test_stream_keeps_order_and_counts(export: Path) -> None:
+    """A stream with 3 inferences started ahead: every message meets its own inference (the output stays
+    exact after the stream: the report's error is the self-test's, the final check compares again)."""
+    codes, errs, rep = run_nodes(export, "--stream", "3", "--iters", "12")
+    assert codes == [0, 0], errs
+    assert rep["stream"] == 3 and rep["throughput_per_s"] > 0 and len(rep["latency_ms_all"]) == 12
+    assert [len(r) > 0 for r in rep["rss_mb_stream_per_node"]] == [True, True]
+    assert rep["bytes_sent_total"] == rep["bytes_predicted"] and rep["messages_per_inference"] == 2
+    codes, errs, _ = run_nodes(export, "--stream", "-1")
+    assert codes[0] == 2 and "--stream >= 0" in _one_line(errs[0])
+
+
 def test_disco_run_dispatches_onnx_export(export: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "disco.cli", "run", str(export), "--nodes", "2", "--json",
-                          "--iters", "2", "--warmup", "0"], capture_output=True, text=True, timeout=120)
+                          "--iters", "2", "--warmup", "0", "--stream", "2"], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
+    assert rep["stream"] == 2 and len(rep["rss_mb_stream_per_node"]) == 2
     assert rep["engine"] == "onnxruntime" and rep["torch_in_node"] == [False, False]  # not blocked: never imported
     assert rep["bytes_sent_total"] == rep["bytes_predicted"] and rep["max_rel_err_vs_single_process"] <= 1e-6
 

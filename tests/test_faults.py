@@ -51,9 +51,11 @@ def test_non_leader_gives_up_on_a_foreign_listener(base: Path) -> None:
     assert o.ok and o.exit_code == 3, o
 
 
-def test_onnx_engine_names_a_killed_peer_and_leaves_nothing(onnx_base: Path) -> None:
-    """disco_edge's DISCO_NODE_HOOKS: rank 1 kills itself before its 6th inference; the run fails (3) naming it."""
-    o = faults.run_case(faults.for_engine(CASES["kill_peer_run"], "onnx"), onnx_base, TIMEOUT)
+@pytest.mark.parametrize("name", ["kill_peer_run", "kill_peer_stream"])
+def test_onnx_engine_names_a_killed_peer_and_leaves_nothing(onnx_base: Path, name: str) -> None:
+    """disco_edge's DISCO_NODE_HOOKS: rank 1 kills itself before its 6th inference (or the 21st of a stream); the
+    run fails (3) naming it."""
+    o = faults.run_case(faults.for_engine(CASES[name], "onnx"), onnx_base, TIMEOUT)
     assert o.exit_code == 3 and "lost rank 1" in o.message and o.stderr_lines == 1, o
     assert (o.leftover_processes, o.leftover_files) == (0, 0) and o.ok, o
 
@@ -67,16 +69,16 @@ def test_onnx_engine_refuses_an_edited_export(onnx_base: Path, name: str) -> Non
     assert o.ok, o
 
 
-def test_stream_cases_are_recorded_not_applicable_on_onnx() -> None:
+def test_cases_per_engine() -> None:
     na = {c.name: faults.for_engine(c, "onnx") for c in faults.cases()}
-    assert all(isinstance(na[f"{w}_{s}_stream"], str) for w in ("kill", "stop") for s in ("leader", "peer")), na
+    assert all(na[f"{w}_{s}_stream"].engine == "onnx" for w in ("kill", "stop") for s in ("leader", "peer")), na
     assert isinstance(faults.for_engine(CASES["onnx_opset"], "torch"), str)
     assert faults.for_engine(CASES["shard_byte"], "onnx").engine == "onnx"
 
 
 def test_onnx_engine_hooks_are_off_unless_named(monkeypatch, tmp_path: Path) -> None:
-    """disco_edge.hooks: nothing without DISCO_NODE_HOOKS; bench/faults.py's hook on "inference"; a missing file
-    or a point the engine lacks ("stream") is refused (exit 2)."""
+    """disco_edge.hooks: nothing without DISCO_NODE_HOOKS; bench/faults.py's hooks on "inference" and "stream";
+    a missing file or a point the engine lacks is refused (exit 2)."""
     from disco_edge import hooks
     from disco_edge.errors import Refused
 
@@ -87,7 +89,11 @@ def test_onnx_engine_hooks_are_off_unless_named(monkeypatch, tmp_path: Path) -> 
     assert list(hooks.from_env()) == ["inference"]
     for k, v in faults.fault_env(1, "stream", 5).items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(Refused, match="no hook point 'stream'"):
+    assert list(hooks.from_env()) == ["stream"]
+    odd = tmp_path / "odd.py"
+    odd.write_text("def install_node_hooks(register):\n    register('gather', print)\n")
+    monkeypatch.setenv(hooks.HOOKS_ENV, str(odd))
+    with pytest.raises(Refused, match="no hook point 'gather'"):
         hooks.from_env()
     monkeypatch.setenv(hooks.HOOKS_ENV, str(tmp_path / "none.py"))
     with pytest.raises(Refused, match="cannot install node hooks"):

@@ -85,8 +85,9 @@ class Engine:
                    for name, s in self.sessions.items()}
         self.counters = Counters()
 
-    def infer(self, inputs: list[np.ndarray] | None) -> list[np.ndarray]:
-        """Run every step; rank 0 feeds ``inputs`` (the schedule's ``inputs``) and returns its ``outputs``."""
+    def infer(self, inputs: list[np.ndarray] | None, flush: bool = True) -> list[np.ndarray]:
+        """Run every step; rank 0 feeds ``inputs`` (the schedule's ``inputs``) and returns its ``outputs``.
+        ``flush``: wait until this inference's messages have left (a stream goes on to the next at once)."""
         self.counters = Counters()
         env: dict[str, np.ndarray] = {}
         if inputs is not None:
@@ -98,7 +99,8 @@ class Engine:
             except KeyError as e:
                 raise Failed(f"step {i} ({st['op']}): no value {e} in this rank's environment (a schedule "
                              "that reads a value before it is made)") from None
-        self.tr.flush()
+        if flush:
+            self.tr.flush()
         if self.b.rank != 0:
             return []
         return [env[o["name"]] for o in self.b.schedule["outputs"]]

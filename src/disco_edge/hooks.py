@@ -2,7 +2,8 @@
 
 ``DISCO_NODE_HOOKS`` names a Python file that defines ``install_node_hooks(register)``, as for the torch node;
 ``register(point, fn)`` makes the node call ``fn(rank=R)`` at ``"startup"`` (the peers met) and
-``fn(rank=R, k=K)`` before inference ``K`` after the self-test (warm-up included, from 0).
+``fn(rank=R, k=K)`` before inference ``K`` after the self-test (warm-up included, from 0; on every rank) and,
+``fn(rank=R, i=I)`` before inference ``I`` of the stream (``--stream``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from .errors import Refused
 
 HOOKS_ENV = "DISCO_NODE_HOOKS"
-POINTS = ("startup", "inference")
+POINTS = ("startup", "inference", "stream")
 Hooks = dict[str, list[Callable[..., None]]]
 
 

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from .errors import EXIT_FAILED, Failed, Refused
-from .procstat import peak_rss_mb, torch_loaded
+from .procstat import peak_rss_mb, rss_mb, torch_loaded
 
 log = logging.getLogger("disco_edge")
 PARENT_ENV = "DISCO_LAUNCHER_PID"  # set by disco run's launcher (as disco.runtime.node)
-UNSUPPORTED = ("data", "limit", "stream")  # run options of the torch engine this one refuses
+UNSUPPORTED = ("data", "limit")  # run options of the torch engine this one refuses
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="rank 0: input .npy (default: the reference input)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--stream", type=int, default=0,
+                   help="rank 0: after the timed inferences, --iters more with this many in flight (throughput)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds of silence from a peer before giving up")
     p.add_argument("--startup-timeout", type=float, default=20.0, help="seconds for all nodes to join")
     p.add_argument("--max-rel-err", type=float,
@@ -71,8 +73,9 @@ def check_args(a: argparse.Namespace) -> None:
         raise Refused(f"--input {a.input}: the onnxruntime engine reads a .npy file (numpy.save)")
     if a.threads != 1:
         raise Refused(f"--threads {a.threads}: the onnxruntime engine computes on one thread")
-    if a.iters < 1 or a.warmup < 0 or not a.timeout > 0 or not a.startup_timeout > 0:
-        raise Refused("--iters >= 1, --warmup >= 0 and positive --timeout / --startup-timeout please")
+    if a.iters < 1 or a.warmup < 0 or a.stream < 0 or not a.timeout > 0 or not a.startup_timeout > 0:
+        raise Refused("--iters >= 1, --warmup >= 0, --stream >= 0 and positive --timeout / --startup-timeout "
+                      "please")
 
 
 class Node:
@@ -91,6 +94,7 @@ class Node:
         if a.rank == 0 and self.ref is None:
             raise Refused(f"{self.b.folder} has no reference.npz (rank 0 needs it for the self-test)")
         self.tr: Any = None
+        self.rss_stream: list[float] = []  # this node's RSS after each inference of the stream
         self.hooks = hooks.from_env()  # {} unless DISCO_NODE_HOOKS is set (fault injection)
 
     def fire(self, point: str, **context: Any) -> None:
@@ -140,14 +144,22 @@ class Node:
         return self.engine.infer(x)
 
     def serve(self) -> dict[str, Any]:
-        """Rank 0: warm-up + timed inferences, then ``end``; others: follow ``go`` until ``end``."""
+        """Rank 0: warm-up + timed inferences, then the stream (``--stream``), then ``end``; others: follow
+        ``go`` until ``end``."""
         a = self.a
         if a.rank != 0:
-            k = 0
-            while self.tr.control(0).get("go"):
-                self.fire("inference", k=k)
-                self.engine.infer(None)
-                k += 1
+            k = i = 0
+            while (go := self.tr.control(0)).get("go"):
+                if not go.get("stream"):
+                    self.fire("inference", k=k)
+                    self.engine.infer(None)
+                    k += 1
+                    continue
+                self.fire("stream", i=i)
+                self.engine.infer(None, flush=False)
+                self.rss_stream.append(round(rss_mb(), 2))
+                i += 1
+            self.tr.flush()
             return {}
         x = self.ref[0] if a.input is None else [np.load(a.input).astype(np.float32)]
         lat = []
@@ -156,16 +168,38 @@ class Node:
             t0 = time.perf_counter()
             self._step(x)
             lat.append(time.perf_counter() - t0)
+        stream_s = self._stream(x) if a.stream else None
         for j in range(1, a.nodes):
             self.tr.send_control(j, {"go": False})
-        return {"lat": lat[a.warmup:]}
+        return {"lat": lat[a.warmup:], "stream_s": stream_s}
+
+    def _stream(self, x: list[np.ndarray]) -> float:
+        """Rank 0: ``--iters`` inferences with up to ``--stream`` of them started by the others before rank 0
+        has finished the earlier ones (a ``go`` is sent that far ahead; messages of a later inference wait in
+        their queue, in order). Returns the seconds."""
+        a, ahead = self.a, 0
+        t0 = time.perf_counter()
+        for i in range(a.iters):
+            self.fire("stream", i=i)
+            while ahead < min(a.iters, i + a.stream):
+                for j in range(1, a.nodes):
+                    self.tr.send_control(j, {"go": True, "stream": True})
+                ahead += 1
+            self.engine.infer(x, flush=False)
+            self.rss_stream.append(round(rss_mb(), 2))
+        self.tr.flush()
+        return time.perf_counter() - t0
 
     def stats(self) -> dict[str, Any]:
+        every = max(1, len(self.rss_stream) // 40)  # about 40 samples along the stream, and its end
+        rss = self.rss_stream[::every] + self.rss_stream[-1:] if self.rss_stream else []
         return {"rank": self.a.rank, "peak_rss_mb": peak_rss_mb(), "torch_in_node": torch_loaded(),
-                "weight_bytes": self.b.weight_bytes, **self.engine.counters.as_dict()}
+                "weight_bytes": self.b.weight_bytes, "rss_mb_stream": rss,
+                **self.engine.counters.as_dict()}  # the last inference's: every one sends the same
 
 
-def report(node: Node, err: float | None, lat: list[float], all_stats: list[dict[str, Any]]) -> dict[str, Any]:
+def report(node: Node, err: float | None, lat: list[float], stream_s: float | None,
+           all_stats: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0's report: the torch runtime's fields where they apply, plus ``engine``."""
     man, link = node.b.manifest, node.link
     bpv = node.codec.bytes_per_value
@@ -175,7 +209,8 @@ def report(node: Node, err: float | None, lat: list[float], all_stats: list[dict
         "bandwidth_mbit": None if link.bandwidth_bps is None else link.bandwidth_bps / 1e6,
         "latency_s": link.latency_s, "shaping": "pacing" if link.shaped else None,
         "latency_ms_median": float(np.median(lat) * 1e3), "latency_ms_all": [t * 1e3 for t in lat],
-        "throughput_per_s": float(1.0 / np.median(lat)), "stream": 0,
+        "throughput_per_s": node.a.iters / stream_s if stream_s else float(1.0 / np.median(lat)),
+        "stream": node.a.stream,
         "bytes_sent_total": int(sum(s["payload_bytes"] for s in all_stats)),
         "bytes_predicted": None if "bytes_predicted" not in man else int(man["bytes_predicted"] // 4 * bpv),
         "bytes_codec_overhead": int(sum(s["overhead_bytes"] for s in all_stats)),
@@ -184,6 +219,7 @@ def report(node: Node, err: float | None, lat: list[float], all_stats: list[dict
         "max_rel_err_vs_single_process": err,
         "peak_rss_mb_per_node": [s["peak_rss_mb"] for s in all_stats],
         "torch_in_node": [s["torch_in_node"] for s in all_stats],
+        "rss_mb_stream_per_node": [s["rss_mb_stream"] for s in all_stats],
         "weight_bytes_per_node": [s["weight_bytes"] for s in all_stats],
         "messages_per_inference": int(sum(s["messages"] for s in all_stats)),
     }
@@ -205,7 +241,7 @@ def run(a: argparse.Namespace) -> dict[str, Any] | None:
             node.tr.flush()  # through the pacer before the sockets close
             return None
         all_stats = [node.stats()] + [node.tr.control(j)["stats"] for j in range(1, a.nodes)]
-        return report(node, err, done["lat"], all_stats)
+        return report(node, err, done["lat"], done["stream_s"], all_stats)
     except (Failed, Refused) as e:
         if node.tr is not None:
             node.tr.tell_stop(f"rank {a.rank}: {e}")

@@ -1,0 +1,153 @@
+"""What a split can reach on this host, whatever the engine's overheads (issue 30's targets): each rank of an
+ONNX export run alone in a process without torch (sends dropped, receives zeros of the right size), every step
+timed; then the ranks' schedules replayed against each other on the emulated link (the engines' model: each
+node's uplink carries its messages one after the other at the bandwidth, a message arrives when its last byte
+leaves) with no cost per message and every overlap the schedule allows. The replay's latency is the schedule's
+floor: the engine on this host cannot beat it. Each rank's memory once its graphs are loaded, before any
+inference, is the node's memory floor. Writes results/edge_floor.json.
+
+    OMP_NUM_THREADS=1 python -m bench.floor                    # resnet50 224 px: the settings of the targets
+    OMP_NUM_THREADS=1 python -m bench.floor --models cifar_resnet20 --reps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = [(2, 0.2, "global", "fp32"), (2, 0.2, "global", "fp16"), (2, 0.2, "joint", "fp32"),
+            (2, 1.0, "global", "fp32")]  # the splits issue 30's targets name
+BANDWIDTHS = {"none": None, "1gbit": 1e9, "100mbit": 1e8, "10mbit": 1e7}
+log = logging.getLogger("bench.floor")
+
+
+def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict[str, Any]:
+    """In this process (torch blocked): load one rank, note its RSS, time each step over ``reps`` inferences
+    (median). Returns the rank's program: ``[op, peer, tag, bytes, seconds]`` per step."""
+    sys.modules["torch"] = None  # a node never imports torch
+    import numpy as np
+
+    from disco_edge import bundle
+    from disco_edge.codecs import RAW, get_codec
+    from disco_edge.engine import STEPS, Engine
+    from disco_edge.procstat import peak_rss_mb, rss_mb
+
+    class NoLink:  # sends dropped, receives zeros of the size the schedule gives
+        def send(self, dst: int, tag: int, buf: Any) -> None:
+            pass
+
+        def recv(self, src: int, tag: int, nbytes: int) -> Any:
+            return np.zeros(nbytes, dtype=np.uint8)
+
+        def flush(self) -> None:
+            pass
+
+    b = bundle.load(folder, rank, nodes, verify=False)
+    cod = get_codec(codec)
+    eng = Engine(b, NoLink(), cod)  # type: ignore[arg-type]
+    loaded = rss_mb()
+    steps = b.schedule["steps"]
+    x = b.reference()[0] if rank == 0 else None
+    times = np.zeros((reps + 2, len(steps)))
+    for k in range(reps + 2):
+        env = {} if x is None else {s["name"]: np.ascontiguousarray(v, dtype=np.float32)
+                                    for s, v in zip(b.schedule["inputs"], x, strict=True)}
+        for i, st in enumerate(steps):
+            t0 = time.perf_counter()
+            STEPS[st["op"]](eng, st, env)
+            times[k, i] = time.perf_counter() - t0
+    med = np.median(times[2:], axis=0)
+    prog = []
+    for st, s in zip(steps, med, strict=True):
+        if st["op"] == "send":
+            c = cod if st.get("kind", "links") == "links" else RAW
+            shape = tuple(st["shape"])
+            nb = c.nbytes(shape, int(st.get("axis", 1 if len(shape) > 1 else 0)))
+            prog.append(["send", int(st["to"]), int(st["tag"]), nb, float(s)])
+        elif st["op"] == "recv":
+            prog.append(["recv", int(st["from"]), int(st["tag"]), 0, float(s)])
+        else:
+            prog.append(["cpu", -1, -1, 0, float(s)])
+    return {"rank": rank, "rss_loaded_mb": loaded, "peak_rss_mb": peak_rss_mb(), "weight_bytes": b.weight_bytes,
+            "compute_ms": float(med.sum() * 1e3), "program": prog}
+
+
+def replay(progs: list[list[list[Any]]], bandwidth_bps: float | None) -> float:
+    """The latency (s) of the ranks' programs run against each other: a rank runs its steps in order, a receive
+    waits for its message, a send queues on the rank's uplink (serialised at ``bandwidth_bps``; None: free)."""
+    n = len(progs)
+    clock, pc, uplink = [0.0] * n, [0] * n, [0.0] * n
+    arrival: dict[tuple[int, int, int], float] = {}
+    while any(pc[r] < len(progs[r]) for r in range(n)):
+        moved = False
+        for r in range(n):
+            while pc[r] < len(progs[r]):
+                op, peer, tag, nbytes, secs = progs[r][pc[r]]
+                if op == "recv":
+                    if (peer, r, tag) not in arrival:
+                        break  # the others move first
+                    clock[r] = max(clock[r], arrival[(peer, r, tag)]) + secs
+                else:
+                    clock[r] += secs
+                    if op == "send":
+                        uplink[r] = max(clock[r], uplink[r]) + (nbytes * 8 / bandwidth_bps if bandwidth_bps else 0)
+                        arrival[(r, peer, tag)] = uplink[r]
+                pc[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the schedules wait on each other (a receive with no matching send)")
+    return max(clock)
+
+
+def floor(model: str, setting: tuple, work: Path, reps: int) -> dict[str, Any]:
+    from .edge import MODELS, export
+
+    n, r, budget, codec = setting
+    folder = export(model, MODELS[model], (n, r, budget), "onnx", work)
+    ranks = []
+    for k in range(n):  # one process per rank, one after the other: each alone on the host
+        p = subprocess.run([sys.executable, "-m", "bench.floor", "--rank-of", str(folder), str(k), str(n), codec,
+                            str(reps)], capture_output=True, text=True, check=True, cwd=ROOT)
+        ranks.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    progs = [x.pop("program") for x in ranks]
+    return {"model": model, "nodes": n, "target_ratio": r, "budget": budget, "codec": codec, "reps": reps,
+            "ranks": ranks, "floor_ms": {bw: replay(progs, bps) * 1e3 for bw, bps in BANDWIDTHS.items()},
+            "bytes_per_rank": [sum(s[3] for s in p) for p in progs]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="resnet50", help="comma-separated, of bench.edge's models")
+    p.add_argument("--reps", type=int, default=10, help="timed inferences per rank (default: 10)")
+    p.add_argument("--work", help="folder for the exports (default: a temporary one)")
+    p.add_argument("--out", default=str(ROOT / "results" / "edge_floor.json"))
+    p.add_argument("--rank-of", nargs=5, help=argparse.SUPPRESS)  # the child: FOLDER RANK NODES CODEC REPS
+    a = p.parse_args()
+    if a.rank_of:
+        f, rank, nodes, codec, reps = a.rank_of
+        print(json.dumps(time_rank(f, int(rank), int(nodes), codec, int(reps))))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(a.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for m in a.models.split(","):
+            for s in SETTINGS:
+                out.append(res := floor(m, s, work, a.reps))
+                log.info("%s %s: floor %s ms, ranks loaded at %s MB", m, s,
+                         {k: round(v, 1) for k, v in res["floor_ms"].items()},
+                         [round(x["rss_loaded_mb"], 1) for x in res["ranks"]])
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
