@@ -3,8 +3,11 @@ ONNX export run alone in a process without torch (sends dropped, receives zeros 
 timed; then the ranks' schedules replayed against each other on the emulated link (the engines' model: each
 node's uplink carries its messages one after the other at the bandwidth, a message arrives when its last byte
 leaves) with no cost per message and every overlap the schedule allows. The replay's latency is the schedule's
-floor: the engine on this host cannot beat it. Each rank's memory once its graphs are loaded, before any
-inference, is the node's memory floor. Writes results/edge_floor.json.
+floor: the engine on this host cannot beat it. The replay again with each rank computing at the dense model's
+rate (one ONNX Runtime process of the whole model, its defaults, over N) says what a split that computes as
+well as the whole graph would reach. Each rank's memory once its graphs are loaded, before any inference, is
+the node's memory floor (and after the node's imports alone, its part that no engine change moves). Writes
+results/edge_floor.json (each rank's timed program kept, for other replays).
 
     OMP_NUM_THREADS=1 python -m bench.floor                    # resnet50 224 px: the settings of the targets
     OMP_NUM_THREADS=1 python -m bench.floor --models cifar_resnet20 --reps 20
@@ -34,10 +37,12 @@ def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict
     (median). Returns the rank's program: ``[op, peer, tag, bytes, seconds]`` per step."""
     sys.modules["torch"] = None  # a node never imports torch
     import numpy as np
+    import onnxruntime  # noqa: F401  # (the engine imports it on its first session)
 
     from disco_edge import bundle
     from disco_edge.codecs import RAW, get_codec
     from disco_edge.engine import STEPS, Engine
+    from disco_edge.node import Node  # noqa: F401  # the node's own imports, as a node holds them
     from disco_edge.procstat import peak_rss_mb, rss_mb
 
     class NoLink:  # sends dropped, receives zeros of the size the schedule gives
@@ -50,6 +55,7 @@ def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict
         def flush(self) -> None:
             pass
 
+    imports = rss_mb()
     b = bundle.load(folder, rank, nodes, verify=False)
     cod = get_codec(codec)
     eng = Engine(b, NoLink(), cod)  # type: ignore[arg-type]
@@ -76,8 +82,8 @@ def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict
             prog.append(["recv", int(st["from"]), int(st["tag"]), 0, float(s)])
         else:
             prog.append(["cpu", -1, -1, 0, float(s)])
-    return {"rank": rank, "rss_loaded_mb": loaded, "peak_rss_mb": peak_rss_mb(), "weight_bytes": b.weight_bytes,
-            "compute_ms": float(med.sum() * 1e3), "program": prog}
+    return {"rank": rank, "rss_imports_mb": imports, "rss_loaded_mb": loaded, "peak_rss_mb": peak_rss_mb(),
+            "weight_bytes": b.weight_bytes, "compute_ms": float(med.sum() * 1e3), "program": prog}
 
 
 def replay(progs: list[list[list[Any]]], bandwidth_bps: float | None) -> float:
@@ -107,7 +113,12 @@ def replay(progs: list[list[list[Any]]], bandwidth_bps: float | None) -> float:
     return max(clock)
 
 
-def floor(model: str, setting: tuple, work: Path, reps: int) -> dict[str, Any]:
+def scaled(prog: list[list[Any]], factor: float) -> list[list[Any]]:
+    """``prog`` with every compute step ``factor`` times as long."""
+    return [[*st[:4], st[4] * factor if st[0] == "cpu" else st[4]] for st in prog]
+
+
+def floor(model: str, setting: tuple, work: Path, reps: int, one_ms: float) -> dict[str, Any]:
     from .edge import MODELS, export
 
     n, r, budget, codec = setting
@@ -117,9 +128,12 @@ def floor(model: str, setting: tuple, work: Path, reps: int) -> dict[str, Any]:
         p = subprocess.run([sys.executable, "-m", "bench.floor", "--rank-of", str(folder), str(k), str(n), codec,
                             str(reps)], capture_output=True, text=True, check=True, cwd=ROOT)
         ranks.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    progs = [x.pop("program") for x in ranks]
+    progs = [x["program"] for x in ranks]
+    at_dense_rate = [scaled(p, one_ms / n / x["compute_ms"]) for p, x in zip(progs, ranks, strict=True)]
     return {"model": model, "nodes": n, "target_ratio": r, "budget": budget, "codec": codec, "reps": reps,
-            "ranks": ranks, "floor_ms": {bw: replay(progs, bps) * 1e3 for bw, bps in BANDWIDTHS.items()},
+            "one_process_ms": one_ms, "ranks": ranks,
+            "floor_ms": {bw: replay(progs, bps) * 1e3 for bw, bps in BANDWIDTHS.items()},
+            "floor_ms_dense_rate": {bw: replay(at_dense_rate, bps) * 1e3 for bw, bps in BANDWIDTHS.items()},
             "bytes_per_rank": [sum(s[3] for s in p) for p in progs]}
 
 
@@ -141,10 +155,14 @@ def main() -> None:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for m in a.models.split(","):
+            from .edge import MODELS, single_ort
+
+            one = single_ort(m, MODELS[m], a.reps, work, "default")  # the fastest one process of the model
             for s in SETTINGS:
-                out.append(res := floor(m, s, work, a.reps))
-                log.info("%s %s: floor %s ms, ranks loaded at %s MB", m, s,
+                out.append(res := floor(m, s, work, a.reps, one["latency_ms_median"]))
+                log.info("%s %s: floor %s ms (at the dense rate %s), ranks loaded at %s MB", m, s,
                          {k: round(v, 1) for k, v in res["floor_ms"].items()},
+                         {k: round(v, 1) for k, v in res["floor_ms_dense_rate"].items()},
                          [round(x["rss_loaded_mb"], 1) for x in res["ranks"]])
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 

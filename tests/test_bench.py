@@ -130,3 +130,17 @@ def test_host_drift_is_the_probes_largest_move_from_the_trace():
         assert torch.get_num_threads() == 2  # the probe runs on 1 thread and gives the others back
     finally:
         torch.set_num_threads(threads)
+
+
+def test_floor_replay_waits_for_messages_and_serialises_the_uplink() -> None:
+    """bench/floor.py's replay: a receive waits for its message, a rank's sends share its uplink."""
+    from bench.floor import replay, scaled
+
+    r0 = [["cpu", -1, -1, 0, 1.0], ["send", 1, 5, 1000, 0.0], ["send", 1, 7, 1000, 0.0], ["recv", 1, 6, 0, 0.0]]
+    r1 = [["recv", 0, 5, 0, 0.0], ["cpu", -1, -1, 0, 0.5], ["recv", 0, 7, 0, 0.0], ["send", 0, 6, 1000, 0.0]]
+    assert replay([r0, r1], None) == pytest.approx(1.5)
+    # 8000 bit/s: 1 s per message; tag 7 queues behind tag 5 and arrives at 3, rank 1's reply at 4
+    assert replay([r0, r1], 8000.0) == pytest.approx(4.0)
+    assert replay([scaled(r0, 2.0), scaled(r1, 2.0)], None) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="wait on each other"):
+        replay([[["recv", 1, 1, 0, 0.0]], [["recv", 0, 1, 0, 0.0]]], None)

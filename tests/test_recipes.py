@@ -200,3 +200,31 @@ def test_architectures_redraws_only_all_zero_weights_for_the_onnx_proof(tmp_path
     state, ref = torch.load(path, weights_only=True), model("tiny").state_dict()
     assert state["1.weight"].abs().sum() > 0 and torch.equal(state["1.bias"], ref["1.bias"])  # biases stay
     assert torch.equal(state["0.weight"], ref["0.weight"])  # weights that were not all zero stay
+
+
+def test_edge_page_states_each_floor_beside_its_target():
+    """recipes/pages/edge.py: with bench/floor.py's entries, the memory and speed targets it bounds gain a floor
+    line with its figure; without them, none."""
+    from recipes.pages.edge import targets
+
+    def split(engine, ratio, budget, bw="none", codec="fp32", ms=100.0, rss=100.0):
+        return {"model": "resnet50", "what": "split", "engine": engine, "nodes": 2, "target_ratio": ratio,
+                "budget": budget, "bandwidth": bw, "codec": codec, "latency_ms_median": ms,
+                "peak_rss_mb_per_node": [rss, rss], "weight_bytes_per_node": [2**20] * 2}
+
+    entries = [{"model": "resnet50", "what": "single", "engine": "onnx", "latency_ms_median": 50.0,
+                "peak_rss_mb": 180.0},
+               split("onnx", 0.2, "joint"), split("onnx", 0.2, "global"), split("torch", 0.2, "global"),
+               split("onnx", 0.2, "global", "1gbit", "fp16", 45.0), split("torch", 0.2, "global", "1gbit", "fp16"),
+               split("onnx", 1.0, "global", "100mbit", ms=1600.0), split("onnx", 0.2, "global", "100mbit", ms=400.0)]
+
+    def fl(ratio, budget, codec="fp32", **ms):
+        return {"model": "resnet50", "nodes": 2, "target_ratio": ratio, "budget": budget, "codec": codec,
+                "ranks": [{"rss_loaded_mb": 93.0}, {"rss_loaded_mb": 94.0}], "floor_ms": ms}
+
+    floors = [fl(0.2, "joint"), fl(0.2, "global", "fp16", **{"1gbit": 44.0}), fl(1.0, "global", **{"100mbit": 1500.0}),
+              fl(0.2, "global", **{"100mbit": 300.0})]
+    lines = targets(entries, None, None, floors)
+    got = [ln for ln in lines if "floor:" in ln]
+    assert len(got) == 3 and "93 MB (0.517x)" in got[0] and "44.0 ms (0.88x" in got[1] and "5.00x" in got[2], got
+    assert not [ln for ln in targets(entries, None, None, None) if "floor:" in ln]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .md import md_table, opt
 
-EDGE, PINGPONG, ARCHITECTURES = "edge", "pingpong", "architectures"
+EDGE, PINGPONG, ARCHITECTURES, FLOOR = "edge", "pingpong", "architectures", "edge_floor"
 BANDWIDTHS = ("none", "1gbit", "100mbit", "10mbit")
 ENGINE_NAME = {"torch": "torch", "onnx": "ONNX Runtime", "onnxruntime": "ONNX Runtime"}
 COLUMNS = ["run", "engine", "processes", "peak RSS per process (MB)", "weights per node (MB)",
@@ -70,8 +70,16 @@ def _verdict(ok: bool | None, text: str) -> str:
     return f"- {text}: **{'not measured yet' if ok is None else ('met' if ok else 'not met')}**"
 
 
-def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict] | None = None) -> list[str]:
-    """Issue 30's memory, speed and transport targets from the data, for resnet50 (the issue's model)."""
+def _floor(floors: list[dict] | None, model: str, ratio: float, budget: str, codec: str = "fp32") -> dict | None:
+    """bench/floor.py's entry for a split (None where it was not measured)."""
+    return next((f for f in floors or [] if (f["model"], f["nodes"], f["target_ratio"], f["budget"], f["codec"]) == (
+        model, 2, ratio, budget, codec)), None)
+
+
+def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict] | None = None,
+            floors: list[dict] | None = None) -> list[str]:
+    """Issue 30's memory, speed and transport targets from the data, for resnet50 (the issue's model); with
+    bench/floor.py's results, what the split itself allows on this host beside each target it bounds."""
     m = "resnet50"
     onnx = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global")
     tor = _find(entries, m, "torch", nodes=2, ratio=0.2, budget="global")
@@ -92,6 +100,10 @@ def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict
         a, b = max(joint["peak_rss_mb_per_node"]), one_ort
         out.append(_verdict(a <= 0.5 * b, f"joint budget: ONNX node <= 0.5x one ONNX Runtime process of the dense "
                                           f"model ({a:.0f} MB against {b:.0f}: {a / b:.3f}x)"))
+        if f := _floor(floors, m, 0.2, "joint"):
+            lo = min(r["rss_loaded_mb"] for r in f["ranks"])
+            out.append(f"  - floor: a joint node holds {lo:.0f} MB ({lo / b:.3f}x) once its graphs are loaded, before "
+                       "any inference (bench/floor.py)")
     fast = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="1gbit", codec="fp16")
     fast_torch = _find(entries, m, "torch", nodes=2, ratio=0.2, budget="global", bandwidth="1gbit", codec="fp16")
     one_ms = _best_single_ort(entries, m, "latency_ms_median")
@@ -101,6 +113,10 @@ def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict
                                           f"({a:.1f} ms against {b:.1f}: {a / b:.2f}x)"))
         out.append(_verdict(a <= 0.6 * c, f"... and <= 0.6x the torch engine ({a:.1f} ms against {c:.1f}: "
                                           f"{a / c:.2f}x)"))
+        if f := _floor(floors, m, 0.2, "global", "fp16"):
+            lo = f["floor_ms"]["1gbit"]
+            out.append(f"  - floor: this split's schedule on this host at 1 Gbit/s, no cost per message and every "
+                       f"overlap it allows, {lo:.1f} ms ({lo / b:.2f}x one process; bench/floor.py)")
     else:
         out.append(_verdict(None, "fp16 at 1 Gbit/s, ONNX engine <= 0.8x one ONNX Runtime process and <= 0.6x "
                                   "the torch engine"))
@@ -109,6 +125,11 @@ def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict
     if dense and sparse:
         x = dense["latency_ms_median"] / sparse["latency_ms_median"]
         out.append(_verdict(x >= 4.7, f"100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 = {x:.2f}x (>= 4.7x)"))
+        fd, fs = _floor(floors, m, 1.0, "global"), _floor(floors, m, 0.2, "global")
+        if fd and fs:
+            d, s_ = fd["floor_ms"]["100mbit"], fs["floor_ms"]["100mbit"]
+            out.append(f"  - floor: the two schedules at their floors ({d:.0f} and {s_:.0f} ms) give {d / s_:.2f}x "
+                       "(bench/floor.py)")
     else:
         out.append(_verdict(None, "100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 >= 4.7x"))
     splits = [a for a in architectures or [] if a.get("ok")]
@@ -132,7 +153,7 @@ def page_section(data: dict) -> str:
     for model in dict.fromkeys(e["model"] for e in entries):
         parts += [f"**{model}**", "", md_table(_rows(entries, model), COLUMNS), ""]
     parts += ["Targets (issue 30; every ratio from one run on one host):", "",
-              *targets(entries, data.get(PINGPONG), data.get(ARCHITECTURES))]
+              *targets(entries, data.get(PINGPONG), data.get(ARCHITECTURES), data.get(FLOOR))]
     return "\n".join(parts)
 
 

@@ -63,7 +63,7 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "selection_long_messages": (LONG, selection_long.latency_weight_line),
     "selection_long_verdict": (LONG, selection_long.lasso_verdict),
     "selection_tune": ((selection_long.LONG, selection_long.TUNE), selection_long.tune_screen),
-    "edge": ((edge.EDGE, edge.PINGPONG, edge.ARCHITECTURES), edge.page_section),
+    "edge": ((edge.EDGE, edge.PINGPONG, edge.ARCHITECTURES, edge.FLOOR), edge.page_section),
     "edge_headline": ((edge.EDGE,), edge.headline),
     "paper_profile": ((selection_long.PROFILE, selection_long.DENSE), selection_long.paper_profile),
     "latency_weight": ("latency_weight", latency_weight_table),
