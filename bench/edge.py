@@ -106,9 +106,10 @@ def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work
     return out
 
 
-def split_run(folder: Path, n: int, bandwidth: str, iters: int, codec: str) -> dict[str, Any]:
+def split_run(folder: Path, n: int, bandwidth: str, iters: int, codec: str, input_at: str = "leader"
+              ) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "disco.cli", "run", str(folder), "--nodes", str(n), "--iters", str(iters),
-           "--warmup", "2", "--codec", codec, "--json"]
+           "--warmup", "2", "--codec", codec, "--input-at", input_at, "--json"]
     if bandwidth != "none":
         cmd += ["--bandwidth", bandwidth]
     rep = _json_run(cmd, 3600)
@@ -135,9 +136,14 @@ def pingpong(iters: int = 300) -> dict[str, Any]:
             "host_cpus": len(os.sched_getaffinity(0)), "rows": rows}
 
 
+EVERY_NODE = [  # (N, ratio, budget, bandwidth, codec): the speed targets' splits again, each node reading the input
+    (2, 0.2, "global", "1gbit", "fp16"), (2, 0.2, "global", "100mbit", "fp32"), (2, 1.0, "global", "100mbit", "fp32")]
+
+
 def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str, Any]]:
     """Every measurement of the run, in order: the dense processes of a model, then its splits (on the wire:
-    ``codec``; fp32 also runs the fp16 setting of issue 30's speed target, N=2 r=0.2 at 1 Gbit/s)."""
+    ``codec``; fp32 also runs the fp16 setting of issue 30's speed target, N=2 r=0.2 at 1 Gbit/s), then the speed
+    targets' splits with the input read by every node (``--input-at every-node``: no input message)."""
     out: list[dict[str, Any]] = []
     for m in models:
         out += [{"model": m, "what": "single", "engine": "torch"}]
@@ -145,12 +151,15 @@ def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str,
         out += [{"model": m, "what": "split", "engine": e, "nodes": n, "target_ratio": r, "budget": b,
                  "bandwidth": bw, "codec": c} for (n, r, b) in SETTINGS for e in ENGINES for bw in bandwidths
                 for c in (codec, "fp16") if c == codec or (codec, n, r, b, bw) == ("fp32", 2, 0.2, "global", "1gbit")]
+        out += [{"model": m, "what": "split", "engine": e, "nodes": n, "target_ratio": r, "budget": b, "bandwidth": bw,
+                 "codec": c, "input_at": "every-node"} for (n, r, b, bw, c) in EVERY_NODE for e in ENGINES
+                if bw in bandwidths]
     return out
 
 
 def key(e: dict[str, Any]) -> tuple:
     return tuple(e.get(k) for k in ("model", "what", "engine", "sessions", "nodes", "target_ratio", "budget",
-                                    "bandwidth", "codec"))
+                                    "bandwidth", "codec", "input_at"))
 
 
 def measure(item: dict[str, Any], work: Path, iters: int) -> dict[str, Any]:
@@ -164,7 +173,8 @@ def measure(item: dict[str, Any], work: Path, iters: int) -> dict[str, Any]:
         folder = export(item["model"], shape, setting, item["engine"], work)
     except subprocess.CalledProcessError as e:
         return {**item, "error": f"export: {(e.stderr or b'').decode().strip().splitlines()[-1:]}"}
-    return {**item, **split_run(folder, item["nodes"], item["bandwidth"], iters, item["codec"])}
+    return {**item, **split_run(folder, item["nodes"], item["bandwidth"], iters, item["codec"],
+                                item.get("input_at", "leader"))}
 
 
 def main() -> None:

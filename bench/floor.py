@@ -5,9 +5,11 @@ node's uplink carries its messages one after the other at the bandwidth, a messa
 leaves) with no cost per message and every overlap the schedule allows. The replay's latency is the schedule's
 floor: the engine on this host cannot beat it. The replay again with each rank computing at the dense model's
 rate (one ONNX Runtime process of the whole model, its defaults, over N) says what a split that computes as
-well as the whole graph would reach. Each rank's memory once its graphs are loaded, before any inference, is
-the node's memory floor (and after the node's imports alone, its part that no engine change moves). Writes
-results/edge_floor.json (each rank's timed program kept, for other replays).
+well as the whole graph would reach, and without the input message (every node reading the input, ``disco run
+--input-at every-node``) what the split reaches where the input is not on the link. Each rank's memory once
+its graphs are loaded, before any inference, is the node's memory floor (and after the node's imports alone,
+its part that no engine change moves). Writes results/edge_floor.json (each rank's timed program kept, for
+other replays).
 
     OMP_NUM_THREADS=1 python -m bench.floor                    # resnet50 224 px: the settings of the targets
     OMP_NUM_THREADS=1 python -m bench.floor --models cifar_resnet20 --reps 20
@@ -34,7 +36,7 @@ log = logging.getLogger("bench.floor")
 
 def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict[str, Any]:
     """In this process (torch blocked): load one rank, note its RSS, time each step over ``reps`` inferences
-    (median). Returns the rank's program: ``[op, peer, tag, bytes, seconds]`` per step."""
+    (median). Returns the rank's program: ``[op, peer, tag, bytes, seconds, kind]`` per step."""
     sys.modules["torch"] = None  # a node never imports torch
     import numpy as np
     import onnxruntime  # noqa: F401  # (the engine imports it on its first session)
@@ -77,11 +79,11 @@ def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict
             c = cod if st.get("kind", "links") == "links" else RAW
             shape = tuple(st["shape"])
             nb = c.nbytes(shape, int(st.get("axis", 1 if len(shape) > 1 else 0)))
-            prog.append(["send", int(st["to"]), int(st["tag"]), nb, float(s)])
+            prog.append(["send", int(st["to"]), int(st["tag"]), nb, float(s), st.get("kind", "links")])
         elif st["op"] == "recv":
-            prog.append(["recv", int(st["from"]), int(st["tag"]), 0, float(s)])
+            prog.append(["recv", int(st["from"]), int(st["tag"]), 0, float(s), st.get("kind", "links")])
         else:
-            prog.append(["cpu", -1, -1, 0, float(s)])
+            prog.append(["cpu", -1, -1, 0, float(s), ""])
     return {"rank": rank, "rss_imports_mb": imports, "rss_loaded_mb": loaded, "peak_rss_mb": peak_rss_mb(),
             "weight_bytes": b.weight_bytes, "compute_ms": float(med.sum() * 1e3), "program": prog}
 
@@ -96,7 +98,7 @@ def replay(progs: list[list[list[Any]]], bandwidth_bps: float | None) -> float:
         moved = False
         for r in range(n):
             while pc[r] < len(progs[r]):
-                op, peer, tag, nbytes, secs = progs[r][pc[r]]
+                op, peer, tag, nbytes, secs = progs[r][pc[r]][:5]
                 if op == "recv":
                     if (peer, r, tag) not in arrival:
                         break  # the others move first
@@ -115,7 +117,12 @@ def replay(progs: list[list[list[Any]]], bandwidth_bps: float | None) -> float:
 
 def scaled(prog: list[list[Any]], factor: float) -> list[list[Any]]:
     """``prog`` with every compute step ``factor`` times as long."""
-    return [[*st[:4], st[4] * factor if st[0] == "cpu" else st[4]] for st in prog]
+    return [[*st[:4], st[4] * factor if st[0] == "cpu" else st[4], *st[5:]] for st in prog]
+
+
+def every_node(prog: list[list[Any]]) -> list[list[Any]]:
+    """``prog`` with the input read by every node (``--input-at every-node``): no input message."""
+    return [st for st in prog if st[5:6] != ["input"]]
 
 
 def floor(model: str, setting: tuple, work: Path, reps: int, one_ms: float) -> dict[str, Any]:
@@ -134,6 +141,8 @@ def floor(model: str, setting: tuple, work: Path, reps: int, one_ms: float) -> d
             "one_process_ms": one_ms, "ranks": ranks,
             "floor_ms": {bw: replay(progs, bps) * 1e3 for bw, bps in BANDWIDTHS.items()},
             "floor_ms_dense_rate": {bw: replay(at_dense_rate, bps) * 1e3 for bw, bps in BANDWIDTHS.items()},
+            "floor_ms_every_node": {bw: replay([every_node(p) for p in progs], bps) * 1e3
+                                    for bw, bps in BANDWIDTHS.items()},
             "bytes_per_rank": [sum(s[3] for s in p) for p in progs]}
 
 

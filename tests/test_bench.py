@@ -134,7 +134,7 @@ def test_host_drift_is_the_probes_largest_move_from_the_trace():
 
 def test_floor_replay_waits_for_messages_and_serialises_the_uplink() -> None:
     """bench/floor.py's replay: a receive waits for its message, a rank's sends share its uplink."""
-    from bench.floor import replay, scaled
+    from bench.floor import every_node, replay, scaled
 
     r0 = [["cpu", -1, -1, 0, 1.0], ["send", 1, 5, 1000, 0.0], ["send", 1, 7, 1000, 0.0], ["recv", 1, 6, 0, 0.0]]
     r1 = [["recv", 0, 5, 0, 0.0], ["cpu", -1, -1, 0, 0.5], ["recv", 0, 7, 0, 0.0], ["send", 0, 6, 1000, 0.0]]
@@ -142,5 +142,9 @@ def test_floor_replay_waits_for_messages_and_serialises_the_uplink() -> None:
     # 8000 bit/s: 1 s per message; tag 7 queues behind tag 5 and arrives at 3, rank 1's reply at 4
     assert replay([r0, r1], 8000.0) == pytest.approx(4.0)
     assert replay([scaled(r0, 2.0), scaled(r1, 2.0)], None) == pytest.approx(3.0)
+    a = [["send", 1, 1, 1000, 0.0, "input"], ["cpu", -1, -1, 0, 0.5, ""], ["send", 1, 5, 1000, 0.0, "links"]]
+    b = [["recv", 0, 1, 0, 0.0, "input"], ["recv", 0, 5, 0, 0.0, "links"]]
+    assert replay([a, b], 8000.0) == pytest.approx(2.0)  # tag 5 queues behind the input
+    assert replay([every_node(a), every_node(b)], 8000.0) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="wait on each other"):
         replay([[["recv", 1, 1, 0, 0.0]], [["recv", 0, 1, 0, 0.0]]], None)

@@ -143,6 +143,23 @@ def test_stream_keeps_order_and_counts(export: Path) -> None:
     assert codes[0] == 2 and "--stream >= 0" in _one_line(errs[0])
 
 
+def test_input_at_every_node(tmp_path: Path, export: Path) -> None:
+    """--input-at every-node: no input message after the self-test, the first served output checked against the
+    reference; a rank reading another input fails (exit 3), one of another shape is refused (exit 2)."""
+    codes, errs, rep = run_nodes(export, "--input-at", "every-node")
+    assert codes == [0, 0], errs
+    assert rep["input_at"] == "every-node" and rep["bytes_input_output"] == 0
+    assert rep["max_rel_err_vs_single_process"] <= 1e-6 and rep["bytes_sent_total"] == rep["bytes_predicted"]
+    other = tmp_path / "other.npy"
+    np.save(other, np.ones(SHAPE, dtype=np.float32))
+    codes, errs, _ = run_nodes(export, "--input-at", "every-node", args={1: ["--input", str(other)]})
+    assert codes[0] == 3 and "first served inference" in _one_line(errs[0])
+    np.save(other, np.ones([1, 4, 3, 2], dtype=np.float32))
+    codes, errs, _ = run_nodes(export, "--input-at", "every-node", "--startup-timeout", "2",
+                               args={1: ["--input", str(other)]})
+    assert codes[1] == 2 and "this rank reads" in _one_line(errs[1])
+
+
 def test_disco_run_dispatches_onnx_export(export: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "disco.cli", "run", str(export), "--nodes", "2", "--json",
                           "--iters", "2", "--warmup", "0", "--stream", "2"], capture_output=True, text=True,

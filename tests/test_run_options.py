@@ -16,6 +16,7 @@ from disco.runtime.transport import PeerError, lower_io_threads
 
 def test_options_travel_to_the_node_program_unchanged() -> None:
     o = RunOptions(codec="fp16", bandwidth="100mbit", latency="2ms", limit=7, warmup=0, iters=5, stream=2,
+                   input_at="every-node",
                    timeout=4.5, startup_timeout=6.0, threads=2, io_nice=5, max_rel_err=2e-3)
     cmd = node_command("d", 1, 2, 1234, o, result="/tmp/r.json")
     args = build_parser().parse_args(cmd[3:])
@@ -35,7 +36,9 @@ def test_flag_lists_are_still_accepted_and_unknown_flags_refused() -> None:
                                        ({"iters": 0}, "--iters must be at least 1"),
                                        ({"timeout": 0.0}, "--timeout must be a positive"),
                                        ({"io_nice": 20}, "--io-nice must be between 0 and 19"),
-                                       ({"io_nice": -1}, "--io-nice must be between 0 and 19")])
+                                       ({"io_nice": -1}, "--io-nice must be between 0 and 19"),
+                                       ({"input_at": "camera"}, "--input-at camera: choose leader or every-node"),
+                                       ({"input_at": "every-node", "data": "d"}, "run it with --input-at leader")])
 def test_bad_values_refused_before_start(kw: dict, match: str) -> None:
     with pytest.raises(RefusedError, match=match):
         RunOptions(**kw).check()

@@ -72,6 +72,17 @@ def test_lossy_codec_and_pacing_and_streaming(tmp_path) -> None:
     assert rep["throughput_per_s"] > 0
 
 
+def test_input_at_every_node_sends_no_input_and_stays_exact(tmp_path) -> None:
+    """--input-at every-node: the non-leader reads the input itself; the timed output (the report's error is the
+    first timed inference's) is still the single-process model's, and no input crosses the link."""
+    _export(tmp_path, "cifar_resnet8", 2)
+    lead = launch(tmp_path, 2, FAST, timeout=60)
+    every = launch(tmp_path, 2, [*FAST, "--input-at", "every-node"], timeout=60)
+    assert every["input_at"] == "every-node" and every["max_rel_err_vs_single_process"] < 1e-4
+    assert lead["bytes_input_output"] - every["bytes_input_output"] == 4 * 3 * 32 * 32
+    assert every["bytes_sent_total"] == lead["bytes_sent_total"] == every["bytes_predicted"]
+
+
 def _alive(pids: list[int]) -> list[int]:
     out = []
     for p in pids:

@@ -19,7 +19,8 @@ def _setting(e: dict) -> str:
         return "dense, one process" + {"basic": " (the nodes' session settings, basic level)",
                                        "default": " (ONNX Runtime's defaults)"}.get(e.get("sessions"), "")
     split = "dense split" if e["target_ratio"] >= 1 else f"r={e['target_ratio']:g} {e['budget']}"
-    return f"N={e['nodes']} {split}" + (f", {e['codec']}" if e.get("codec", "fp32") != "fp32" else "")
+    return (f"N={e['nodes']} {split}" + (f", {e['codec']}" if e.get("codec", "fp32") != "fp32" else "")
+            + (", input at every node" if e.get("input_at", "leader") != "leader" else ""))
 
 
 def _rows(entries: list[dict], model: str) -> list[list[object]]:
@@ -47,13 +48,13 @@ def _rows(entries: list[dict], model: str) -> list[list[object]]:
 
 
 def _find(entries: list[dict], model: str, engine: str, what: str = "split", nodes: int | None = None,
-          ratio: float | None = None, budget: str | None = None, bandwidth: str = "none", codec: str = "fp32"
-          ) -> dict | None:
+          ratio: float | None = None, budget: str | None = None, bandwidth: str = "none", codec: str = "fp32",
+          input_at: str = "leader") -> dict | None:
     for e in entries:
         if (e["model"], ENGINE_NAME[e["engine"]], e["what"]) != (model, ENGINE_NAME[engine], what) or e.get("error"):
             continue
-        if what == "single" or (e["nodes"], e["target_ratio"], e["budget"], e["bandwidth"], e.get("codec", "fp32")
-                                ) == (nodes, ratio, budget, bandwidth, codec):
+        if what == "single" or (e["nodes"], e["target_ratio"], e["budget"], e["bandwidth"], e.get("codec", "fp32"),
+                                e.get("input_at", "leader")) == (nodes, ratio, budget, bandwidth, codec, input_at):
             return e
     return None
 
@@ -74,6 +75,47 @@ def _floor(floors: list[dict] | None, model: str, ratio: float, budget: str, cod
     """bench/floor.py's entry for a split (None where it was not measured)."""
     return next((f for f in floors or [] if (f["model"], f["nodes"], f["target_ratio"], f["budget"], f["codec"]) == (
         model, 2, ratio, budget, codec)), None)
+
+
+def _speed(entries: list[dict], floors: list[dict] | None, m: str, where: str) -> list[str]:
+    """The two speed targets with the input sent by rank 0 (``leader``, as the issue measured) or read by every
+    node (``every-node``: no input message), each with its floor where bench/floor.py measured it."""
+    out = []
+    tag = "" if where == "leader" else " (input at every node)"
+    floor_key = "floor_ms" if where == "leader" else "floor_ms_every_node"
+    fast = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="1gbit", codec="fp16",
+                 input_at=where)
+    fast_torch = _find(entries, m, "torch", nodes=2, ratio=0.2, budget="global", bandwidth="1gbit", codec="fp16",
+                       input_at=where)
+    one_ms = _best_single_ort(entries, m, "latency_ms_median")
+    if fast and one_ms and fast_torch:
+        a, b, c = fast["latency_ms_median"], one_ms, fast_torch["latency_ms_median"]
+        out.append(_verdict(a <= 0.8 * b, f"fp16 at 1 Gbit/s{tag}, ONNX engine <= 0.8x one ONNX Runtime process "
+                                          f"({a:.1f} ms against {b:.1f}: {a / b:.2f}x)"))
+        out.append(_verdict(a <= 0.6 * c, f"... and <= 0.6x the torch engine ({a:.1f} ms against {c:.1f}: "
+                                          f"{a / c:.2f}x)"))
+        f = _floor(floors, m, 0.2, "global", "fp16")
+        if f and floor_key in f:
+            lo = f[floor_key]["1gbit"]
+            out.append(f"  - floor: this split's schedule on this host at 1 Gbit/s{tag}, no cost per message and "
+                       f"every overlap it allows, {lo:.1f} ms ({lo / b:.2f}x one process; bench/floor.py)")
+    elif where == "leader":
+        out.append(_verdict(None, "fp16 at 1 Gbit/s, ONNX engine <= 0.8x one ONNX Runtime process and <= 0.6x "
+                                  "the torch engine"))
+    dense = _find(entries, m, "onnx", nodes=2, ratio=1.0, budget="global", bandwidth="100mbit", input_at=where)
+    sparse = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="100mbit", input_at=where)
+    if dense and sparse:
+        x = dense["latency_ms_median"] / sparse["latency_ms_median"]
+        out.append(_verdict(x >= 4.7, f"100 Mbit/s{tag}, ONNX engine: dense split / DISCO r=0.2 = {x:.2f}x "
+                                      "(>= 4.7x)"))
+        fd, fs = _floor(floors, m, 1.0, "global"), _floor(floors, m, 0.2, "global")
+        if fd and fs and floor_key in fd and floor_key in fs:
+            d, s_ = fd[floor_key]["100mbit"], fs[floor_key]["100mbit"]
+            out.append(f"  - floor: the two schedules at their floors ({d:.0f} and {s_:.0f} ms) give {d / s_:.2f}x "
+                       "(bench/floor.py)")
+    elif where == "leader":
+        out.append(_verdict(None, "100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 >= 4.7x"))
+    return out
 
 
 def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict] | None = None,
@@ -104,34 +146,8 @@ def targets(entries: list[dict], pingpong: dict | None, architectures: list[dict
             lo = min(r["rss_loaded_mb"] for r in f["ranks"])
             out.append(f"  - floor: a joint node holds {lo:.0f} MB ({lo / b:.3f}x) once its graphs are loaded, before "
                        "any inference (bench/floor.py)")
-    fast = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="1gbit", codec="fp16")
-    fast_torch = _find(entries, m, "torch", nodes=2, ratio=0.2, budget="global", bandwidth="1gbit", codec="fp16")
-    one_ms = _best_single_ort(entries, m, "latency_ms_median")
-    if fast and one_ms and fast_torch:
-        a, b, c = fast["latency_ms_median"], one_ms, fast_torch["latency_ms_median"]
-        out.append(_verdict(a <= 0.8 * b, f"fp16 at 1 Gbit/s, ONNX engine <= 0.8x one ONNX Runtime process "
-                                          f"({a:.1f} ms against {b:.1f}: {a / b:.2f}x)"))
-        out.append(_verdict(a <= 0.6 * c, f"... and <= 0.6x the torch engine ({a:.1f} ms against {c:.1f}: "
-                                          f"{a / c:.2f}x)"))
-        if f := _floor(floors, m, 0.2, "global", "fp16"):
-            lo = f["floor_ms"]["1gbit"]
-            out.append(f"  - floor: this split's schedule on this host at 1 Gbit/s, no cost per message and every "
-                       f"overlap it allows, {lo:.1f} ms ({lo / b:.2f}x one process; bench/floor.py)")
-    else:
-        out.append(_verdict(None, "fp16 at 1 Gbit/s, ONNX engine <= 0.8x one ONNX Runtime process and <= 0.6x "
-                                  "the torch engine"))
-    dense = _find(entries, m, "onnx", nodes=2, ratio=1.0, budget="global", bandwidth="100mbit")
-    sparse = _find(entries, m, "onnx", nodes=2, ratio=0.2, budget="global", bandwidth="100mbit")
-    if dense and sparse:
-        x = dense["latency_ms_median"] / sparse["latency_ms_median"]
-        out.append(_verdict(x >= 4.7, f"100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 = {x:.2f}x (>= 4.7x)"))
-        fd, fs = _floor(floors, m, 1.0, "global"), _floor(floors, m, 0.2, "global")
-        if fd and fs:
-            d, s_ = fd["floor_ms"]["100mbit"], fs["floor_ms"]["100mbit"]
-            out.append(f"  - floor: the two schedules at their floors ({d:.0f} and {s_:.0f} ms) give {d / s_:.2f}x "
-                       "(bench/floor.py)")
-    else:
-        out.append(_verdict(None, "100 Mbit/s, ONNX engine: dense split / DISCO r=0.2 >= 4.7x"))
+    for where in ("leader", "every-node"):
+        out += _speed(entries, floors, m, where)
     splits = [a for a in architectures or [] if a.get("ok")]
     tried = [a for a in splits if a.get("onnx_ok") is not None]
     good, refused = sum(a["onnx_ok"] for a in tried), sum(a.get("onnx_exit_code") == 2 for a in tried)

@@ -41,6 +41,7 @@ class Executor:
     def __init__(self, plan: RankPlan, gm: fx.GraphModule, weights: dict[str, Tensor], transport: Transport) -> None:
         self.plan, self.gm, self.w, self.tr = plan, gm, weights, transport
         self.record: dict[str, Tensor] | None = None  # when a dict: every local value computed (debugging)
+        self.local_input: Tensor | None = None  # set: every node has the input (``--input-at every-node``)
         self.mods = plan.local_modules(gm, weights)
         self.recv_mods = plan.recv_modules(gm, weights)
         self.mix_modules = {ly.node: ly.view(gm) for ly in plan.part.layers}
@@ -252,6 +253,10 @@ class Executor:
 
     def _ship(self, m: Message) -> None:
         key = env_key(m, self.plan.rank)
+        if m.kind == "input" and self.local_input is not None:  # every node reads the input itself
+            if m.op == "recv":
+                self._set(key, self.local_input)
+            return
         if m.op == "send":
             links = self.plan.exchanges[m.value].send_links[m.peer] if m.kind == "links" else None
             v = self._env.pop(key) if m.kind in ("links", "output") else self._env[key]

@@ -92,6 +92,8 @@ def _prepare(d: Path, opts: RunOptions, ident: Identity) -> Prepared:
     if ident.rank == 0:
         prep.x, prep.ref = load_input(opts.input, man, d)
         prep.probe = (prep.x, prep.ref) if prep.ref is not None else load_reference(man, d)
+    elif opts.input_at == "every-node":  # the same input as the leader's, read here (served after the self-test)
+        prep.x, _ = load_input(opts.input, man, d)
     return prep
 
 
@@ -159,6 +161,8 @@ def _serve(opts: RunOptions, rank: int, prep: Prepared, w: Wired, store: Deadlin
         err = self_test(w.ex, w.tr, store, rank, w.wd.world, prep.probe, opts.max_rel_err, opts.timeout)
         data_metrics = run_data(opts, prep.man, w.ex, store, rank) if opts.data else None
         w.tr.reset_counters()  # the report's byte counts are per inference
+        if opts.input_at == "every-node":
+            w.ex.local_input = prep.x
         lat, first, per_inf, stream_s, rss = timed(opts, w.ex, w.tr, [prep.x] if rank == 0 else None, rank)
     except (PeerError, RunFailure) as e:
         w.wd.stop.set()

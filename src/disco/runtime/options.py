@@ -14,6 +14,8 @@ from typing import Any
 
 from ..errors import RefusedError
 
+INPUT_AT = ("leader", "every-node")
+
 
 def _opt(default: Any, help: str, type: Any = None) -> Any:  # noqa: A002 - argparse's word
     return field(default=default, metadata={"help": help, "type": type})
@@ -28,6 +30,9 @@ class RunOptions:
     latency: str | None = _opt(None, "emulated one-way latency per message, e.g. 2ms", str)
     input: str | None = _opt(None, "input tensor file (.safetensors with 'input', .pt or .npy); default: the "
                              "export's probe input, checked against the single-process output", str)
+    input_at: str = _opt("leader", "leader: rank 0 reads the input and sends it to the nodes that need it; "
+                         "every-node: each node reads the same input itself (a camera that sends each frame to "
+                         "every node), no input message after the self-test", str)
     data: str | None = _opt(None, "dataset folder: the leader also runs the task's test split through the split "
                             "model and reports its metric (e.g. top1)", str)
     limit: int | None = _opt(None, "with --data: only this many test inputs", int)
@@ -106,6 +111,10 @@ class RunOptions:
             v = getattr(self, name)
             if v is not None and v < low:
                 raise RefusedError(f"--{name} must be at least {low}, got {v}")
+        if self.input_at not in INPUT_AT:
+            raise RefusedError(f"--input-at {self.input_at}: choose {' or '.join(INPUT_AT)}")
+        if self.input_at != "leader" and self.data is not None:
+            raise RefusedError("--data feeds the test split from the leader: run it with --input-at leader")
         if self.max_rel_err is not None and not self.max_rel_err > 0:
             raise RefusedError(f"--max-rel-err must be a positive number, got {self.max_rel_err}")
         if not 0 <= self.io_nice <= 19:

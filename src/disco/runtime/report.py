@@ -81,7 +81,7 @@ def build_report(opts: RunOptions, man: dict[str, Any], codec: Any, link: Any, l
 
     return {
         "engine": ENGINE, "nodes": len(all_stats), "model": man["model"]["name"], "input_shape": man["input_shape"],
-        "codec": codec.name, "ratio": man["ratio"],
+        "codec": codec.name, "ratio": man["ratio"], "input_at": opts.input_at,
         "bandwidth_mbit": None if link.bandwidth_bps is None else link.bandwidth_bps / 1e6,
         "latency_s": link.latency_s, "shaping": "pacing" if link.shaped else None,
         "latency_ms_median": float(np.median(timed_s) * 1e3), "latency_ms_all": [t * 1e3 for t in timed_s],
