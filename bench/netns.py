@@ -71,12 +71,12 @@ def netns_check() -> str | None:
 def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float) -> dict[str, Any]:
     """N=2, node r in namespace NS[r], the veth shaped by tbf; the leader's report. ``d``: a torch or ONNX export."""
     port = free_port()
-    procs = []
+    procs: list[subprocess.Popen] = []
+    errs: list[Any] = []  # each node's stderr file, closed whatever happens
     try:
         netns_setup(bw_mbit)
         with tempfile.TemporaryDirectory(prefix="disco-tc-") as tmp:
             res = Path(tmp) / "result.json"
-            errs = []
             for r in (0, 1):  # either engine: the torch node or, for an ONNX export, disco_edge
                 cmd = ["ip", "netns", "exec", NS[r], "env", f"GLOO_SOCKET_IFNAME={VETH[r]}", "OMP_NUM_THREADS=1",
                        *node_command(d, r, 2, port, opts, res if r == 0 else None, "10.77.0.1", f"10.77.0.{r + 1}")]
@@ -89,12 +89,12 @@ def launch_tc(d: Path, bw_mbit: float, opts: list[str], timeout: float) -> dict[
             if any(c != 0 for c in codes):
                 text = [Path(e.name).read_text()[-600:] for e in errs]
                 raise LaunchError(f"tc run failed, exit codes {codes}: {' | '.join(text)}", codes, text)
-            for e in errs:
-                e.close()
             return json.loads(res.read_text())
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for e in errs:
+            e.close()
         netns_cleanup()

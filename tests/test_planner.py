@@ -40,6 +40,21 @@ def test_programs_send_what_the_runtime_sends(name: str, n: int, shares, codec: 
     assert f[:, 0].sum() == pytest.approx(estimate(part, kept).flops_total, rel=1e-9)
 
 
+def test_input_at_every_node_prices_no_input_message() -> None:
+    """``--input-at every-node``: the programs lose exactly the input messages (send and wait), nothing else, and
+    a slow link makes them faster."""
+    model = build_model("cifar_resnet8").eval()
+    part = partition(model, (1, 3, 32, 32), 2)
+    kept = np.random.default_rng(1).random(part.n_links) < 0.3
+    lead, every = planner.programs(part, kept, "fp32"), planner.programs(part, kept, "fp32", "every-node")
+    msgs = [[s for s in p if s[0] in ("s", "w")] for p in (lead[0] + lead[1], every[0] + every[1])]
+    gone = [s for s in msgs[0] if s not in msgs[1]]
+    assert len(gone) == 2 and {s[3] for s in gone} == {4 * 3 * 32 * 32} and len(msgs[0]) == len(msgs[1]) + 2
+    cal = planner.Calibration()
+    ms = [planner.predict_ms(planner.price(p, cal), 1e7, 0.0, cal) for p in (lead, every)]
+    assert ms[1] < ms[0]
+
+
 def test_more_bandwidth_is_faster_and_speeds_matter() -> None:
     model = build_model("cifar_resnet8").eval()
     part = partition(model, (1, 3, 32, 32), 2)

@@ -15,7 +15,9 @@ INTRO = [
     "weights and the peak memory per node, and the accuracy where the results give it; it prints the "
     "Pareto front, marks the fastest point that keeps accuracy (without accuracy data: r >= 0.1 and a "
     "codec whose measured worst drop in [codecs.md](codecs.md) is at most 0.3 points) and the commands "
-    "that build and run it.", "",
+    "that build and run it. Rank 0 sends the input to the nodes that need it (priced as any message); where "
+    "every node reads the input itself (a camera that sends each frame to every node), `--input-at "
+    "every-node` prices no input message, as `disco run --input-at every-node` sends none.", "",
     "Below: torchvision resnet50 at 1x3x224x224, one device per node (each node one core, as measured on "
     "the benchmark host), 2 ms one-way latency per message. resnet50 has no DISCO accuracy in this "
     "repository (the accuracy column is empty): the recommendation follows the rule above.", ""]

@@ -137,7 +137,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         latency_s=parse_latency(args.latency) if args.latency else 0.0, nodes=tuple(args.nodes),
         codecs=tuple(args.codecs), ratios=tuple(args.ratios), max_memory_per_node=args.max_memory_per_node,
         speeds=args.speeds, shares=args.shares, cores=args.cores, max_drop=args.max_drop, weights=args.weights,
-        time_host=args.time_host, engine=args.engine)
+        time_host=args.time_host, engine=args.engine, input_at=args.input_at)
     results = Path(args.results)
     cal = planner.Calibration.load(args.calibration or results / "latency_model.json")
     codecs = results / "codecs.json"
@@ -205,6 +205,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--engine", choices=("torch", "onnx"), default="torch",
                    help="the node engine to price: torch (default; the calibration's costs) or onnx (disco_edge: "
                         "ONNX Runtime compute and ZeroMQ messages, both timed on this host; implies --time-host)")
+    p.add_argument("--input-at", choices=("leader", "every-node"), default="leader",
+                   help="leader (default): rank 0 sends the input to the nodes; every-node: each node reads the "
+                        "input itself (disco run --input-at every-node), no input message is priced")
     p.add_argument("--plot", help="write the Pareto plot here (.png)")
     p.add_argument("--json", action="store_true")
     add_threads(p)

@@ -48,10 +48,12 @@ def _mix_flops(ly: Any, mask: np.ndarray, j: int, half: str) -> tuple[int, int]:
     return int(mask[rows][:, cols].sum()) * 2 * ly.macs_per_connection, 1
 
 
-def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]:
+def programs(part: Partition, kept: np.ndarray, codec: str, input_at: str = "leader") -> list[list[tuple]]:
     """Per node: its schedule (:func:`disco.schedule.build`) as a program with compute segments as
     feature vectors [FLOPs, ops, messages sent, bytes sent, link values encoded, link values decoded]
-    (see :func:`disco.planner.pricing.price`), sends ``("s", dst, tag, bytes)`` and waits ``("w", src, tag, bytes)``."""
+    (see :func:`disco.planner.pricing.price`), sends ``("s", dst, tag, bytes)`` and waits ``("w", src, tag, bytes)``.
+    ``input_at="every-node"``: every node reads the input itself, so the input messages are left out (as the
+    run's ``--input-at every-node`` leaves them)."""
     n = part.nodes
     kept = np.asarray(kept, dtype=bool)
     by_name = {nd.name: nd for nd in part.gm.graph.nodes}
@@ -69,6 +71,8 @@ def programs(part: Partition, kept: np.ndarray, codec: str) -> list[list[tuple]]
                     comp[:2] += _mix_flops(ly, masks[st.node], j, st.half)
                 elif ly is None and st.half in ("all", "partial") and _computes(part, st.node):
                     comp[:2] += (op_flops[st.node][j], 1)
+                continue
+            if st.kind == "input" and input_at == "every-node":
                 continue
             links = st.kind == "links"
             nbytes = message_bytes(codec, st.values, len(st.channels)) if links else st.values * 4

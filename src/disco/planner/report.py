@@ -20,6 +20,7 @@ def commands(res: dict[str, Any], req: PlanRequest, out_dir: str = "plan_export"
     shares = f" --shares {','.join(f'{x:g}' for x in c['shares'])}" if c["shares"] else ""
     bw = "" if req.bandwidth_bps is None else f" --bandwidth {req.bandwidth_bps / 1e6:g}mbit"
     latf = f" --latency {req.latency_s * 1e3:g}ms" if req.latency_s else ""
+    latf += " --input-at every-node" if req.input_at == "every-node" else ""
     ck = res.get("checkpoint")
     fmt = " --format onnx" if res.get("engine") == "onnx" else ""
     out = []

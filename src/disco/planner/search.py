@@ -80,6 +80,7 @@ class PlanRequest:
     weights: str | None = None
     time_host: bool = False  # time the model here (one process, 1 thread) and scale the CPU costs to this host
     engine: str = "torch"  # the node engine priced: torch (as calibrated) or onnx (measured here, see .engines)
+    input_at: str = "leader"  # leader: rank 0 sends the input; every-node: each node reads it (no input message)
 
 
 def _prepare(req: PlanRequest) -> tuple[Any, str, dict[str, Any]]:
@@ -151,7 +152,7 @@ def plan(req: PlanRequest, cal: Calibration | None = None, results: Iterable[tup
                 weights = [4 * p for p in rep.params_per_node]
                 mem = [w + a for w, a in zip(weights, rep.peak_activation_bytes_per_node, strict=True)]
                 for codec in req.codecs:
-                    progs = price(programs(part, kept, codec), cal, speeds, codec=codec)
+                    progs = price(programs(part, kept, codec, req.input_at), cal, speeds, codec=codec)
                     ms = predict_ms(progs, req.bandwidth_bps, req.latency_s, cal, req.cores, speeds)
                     bpv = get_codec(codec).bytes_per_value
                     acc, src = accuracy_for(acc_rows, facts, n, r, shares, codec, codec_drop)
@@ -169,7 +170,8 @@ def plan(req: PlanRequest, cal: Calibration | None = None, results: Iterable[tup
     for c in pareto_front(feasible):
         c.pareto = True
     rec = recommend(feasible, req, codec_drop)
-    return {"model": name, "engine": req.engine, "input_shape": list(shape), "bandwidth_bps": req.bandwidth_bps,
+    return {"model": name, "engine": req.engine, "input_at": req.input_at, "input_shape": list(shape),
+            "bandwidth_bps": req.bandwidth_bps,
             "latency_s": req.latency_s,
             "cores": req.cores, "speeds": speeds, "calibration": cal.source, "host": host,
             "checkpoint": facts or None,
