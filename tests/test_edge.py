@@ -145,7 +145,7 @@ def test_stream_keeps_order_and_counts(export: Path) -> None:
 
 def test_input_at_every_node(tmp_path: Path, export: Path) -> None:
     """--input-at every-node: no input message after the self-test, the first served output checked against the
-    reference; a rank reading another input fails (exit 3), one of another shape is refused (exit 2)."""
+    reference; a rank reading another input than rank 0 fails (exit 3), one of another shape is refused (exit 2)."""
     codes, errs, rep = run_nodes(export, "--input-at", "every-node")
     assert codes == [0, 0], errs
     assert rep["input_at"] == "every-node" and rep["bytes_input_output"] == 0
@@ -153,7 +153,9 @@ def test_input_at_every_node(tmp_path: Path, export: Path) -> None:
     other = tmp_path / "other.npy"
     np.save(other, np.ones(SHAPE, dtype=np.float32))
     codes, errs, _ = run_nodes(export, "--input-at", "every-node", args={1: ["--input", str(other)]})
-    assert codes[0] == 3 and "first served inference" in _one_line(errs[0])
+    assert codes[0] == 3 and "rank 1 reads another input than rank 0" in _one_line(errs[0])
+    codes, errs, _ = run_nodes(export, "--input-at", "every-node", args={0: ["--input", str(other)]})
+    assert codes[0] == 3 and "rank 1 reads another input than rank 0" in _one_line(errs[0])  # rank 1: the reference
     np.save(other, np.ones([1, 4, 3, 2], dtype=np.float32))
     codes, errs, _ = run_nodes(export, "--input-at", "every-node", "--startup-timeout", "2",
                                args={1: ["--input", str(other)]})

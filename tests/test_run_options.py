@@ -156,3 +156,29 @@ def test_io_threads_lowered_and_nothing_else() -> None:
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_every_node_input_check_names_a_rank_with_another_input() -> None:
+    """The torch node's ``--input-at every-node`` check: the leader compares every rank's input digest with its own."""
+    import torch
+
+    from disco.runtime.node import _same_input
+
+    class Store(dict):
+        def set(self, k: str, v: str) -> None:
+            self[k] = v.encode()
+
+        def get(self, k: str) -> bytes:  # type: ignore[override]
+            return self[k]
+
+        def check(self, keys: list[str]) -> bool:
+            return all(k in self for k in keys)
+
+    x = torch.arange(12.0).reshape(1, 3, 2, 2)
+    s = Store()
+    for rank, v in ((2, x), (1, x + 1)):
+        _same_input(s, rank, 3, v, 1.0)
+    with pytest.raises(RunFailure, match="rank 1 reads another input than rank 0"):
+        _same_input(s, 0, 3, x, 1.0)
+    _same_input(s, 1, 3, x.clone(), 1.0)
+    _same_input(s, 0, 3, x, 1.0)  # every rank the same: no error

@@ -158,8 +158,10 @@ class Node:
         """Rank 0: warm-up + timed inferences, then the stream (``--stream``), then ``end``; others: follow
         ``go`` until ``end``."""
         a = self.a
+        x = None if a.rank != 0 else (self.ref[0] if self.x is None else [self.x])
         if a.input_at == "every-node":
             self.engine.local = self._local_input()
+            self._same_input(x)
         if a.rank != 0:
             k = i = 0
             while (go := self.tr.control(0)).get("go"):
@@ -174,7 +176,6 @@ class Node:
                 i += 1
             self.tr.flush()
             return {}
-        x = self.ref[0] if self.x is None else [self.x]
         lat, served = [], None
         for k in range(a.warmup + a.iters):
             self.fire("inference", k=k)
@@ -216,6 +217,24 @@ class Node:
         if self.x is None:
             return {st["value"]: self.engine.received[st["value"]] for st in steps}
         return {steps[0]["value"]: self.x}
+
+    def _same_input(self, x: list[np.ndarray] | None) -> None:
+        """``--input-at every-node``: rank 0 checks that each rank reads the input rank 0 serves (sha256 per
+        value), so that a node fed another input cannot make the split compute another function silently."""
+        import hashlib
+
+        def sha(v: np.ndarray) -> str:
+            return hashlib.sha256(np.ascontiguousarray(v, dtype=np.float32).tobytes()).hexdigest()
+
+        if self.a.rank != 0:
+            self.tr.send_control(0, {"input_sha": {k: sha(v) for k, v in self.engine.local.items()}})
+            return
+        mine = {spec["name"]: sha(v) for spec, v in zip(self.b.schedule["inputs"], x or [], strict=True)}
+        for j in range(1, self.a.nodes):
+            theirs = self.tr.control(j).get("input_sha", {})
+            if any(mine.get(k) != v for k, v in theirs.items()):
+                raise Failed(f"--input-at every-node: rank {j} reads another input than rank 0 (every node must "
+                             "read the same input: the same --input file, or none)")
 
     def _stream(self, x: list[np.ndarray]) -> float:
         """Rank 0: ``--iters`` inferences with up to ``--stream`` of them started by the others before rank 0

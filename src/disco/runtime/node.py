@@ -162,6 +162,7 @@ def _serve(opts: RunOptions, rank: int, prep: Prepared, w: Wired, store: Deadlin
         data_metrics = run_data(opts, prep.man, w.ex, store, rank) if opts.data else None
         w.tr.reset_counters()  # the report's byte counts are per inference
         if opts.input_at == "every-node":
+            _same_input(store, rank, w.wd.world, prep.x, opts.timeout)
             w.ex.local_input = prep.x
         lat, first, per_inf, stream_s, rss = timed(opts, w.ex, w.tr, [prep.x] if rank == 0 else None, rank)
     except (PeerError, RunFailure) as e:
@@ -173,6 +174,22 @@ def _serve(opts: RunOptions, rank: int, prep: Prepared, w: Wired, store: Deadlin
         raise
     extra = {"self_test_max_rel_err": err, **({"data": data_metrics} if data_metrics is not None else {})}
     return {"lat": lat, "first": first, "per_inf": per_inf, "stream_s": stream_s, "rss": rss, "extra": extra}
+
+
+def _same_input(store: DeadlineStore, rank: int, world: int, x: torch.Tensor, timeout: float) -> None:
+    """``--input-at every-node``: the leader checks that every node reads the input it reads (sha256), so that a
+    node fed another input cannot make the split compute another function silently."""
+    import hashlib
+
+    digest = hashlib.sha256(x.detach().contiguous().numpy().tobytes()).hexdigest()
+    store.set(f"input_sha/{rank}", digest)
+    if rank != 0:
+        return
+    wait_keys(store, [f"input_sha/{r}" for r in range(world)], timeout, "the input check")
+    other = [r for r in range(1, world) if store.get(f"input_sha/{r}").decode() != digest]
+    if other:
+        raise RunFailure(f"--input-at every-node: rank {', '.join(map(str, other))} reads another input than rank 0 "
+                         "(every node must read the same input: the same --input file, or none)")
 
 
 def _finish(opts: RunOptions, ident: Identity, prep: Prepared, w: Wired, store: DeadlineStore,
