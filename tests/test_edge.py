@@ -160,6 +160,8 @@ def test_input_at_every_node(tmp_path: Path, export: Path) -> None:
     codes, errs, _ = run_nodes(export, "--input-at", "every-node", "--startup-timeout", "2",
                                args={1: ["--input", str(other)]})
     assert codes[1] == 2 and "this rank reads" in _one_line(errs[1])
+    codes, errs, _ = run_nodes(export, "--startup-timeout", "2", args={0: ["--input", str(other)]})
+    assert codes[0] == 2 and "this rank reads" in _one_line(errs[0])  # rank 0 too, before any compute
 
 
 def test_disco_run_dispatches_onnx_export(export: Path) -> None:

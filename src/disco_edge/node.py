@@ -202,10 +202,11 @@ class Node:
             x = np.load(a.input).astype(np.float32)
         except (OSError, ValueError) as e:
             raise Refused(f"--input {a.input}: cannot read it ({e})") from None
-        steps = self._input_steps()
-        if a.rank != 0 and (len(steps) != 1 or list(x.shape) != [int(d) for d in steps[0]["shape"]]):
+        want = self.b.schedule["inputs"] if a.rank == 0 else self._input_steps()
+        if len(want) != 1 or list(x.shape) != [int(d) for d in want[0]["shape"]]:
             raise Refused(f"--input {a.input}: shape {list(x.shape)}, this rank reads "
-                          f"{[st['shape'] for st in steps]} (--input-at every-node: every node the same input)")
+                          f"{[st['shape'] for st in want]}" + (" (--input-at every-node: every node the same input)"
+                                                                if a.rank else ""))
         return x
 
     def _local_input(self) -> dict[str, np.ndarray]:
