@@ -1,15 +1,14 @@
 """What a split can reach on this host, whatever the engine's overheads (issue 30's targets): each rank of an
 ONNX export run alone in a process without torch (sends dropped, receives zeros of the right size), every step
-timed; then the ranks' schedules replayed against each other on the emulated link (the engines' model: each
-node's uplink carries its messages one after the other at the bandwidth, a message arrives when its last byte
-leaves) with no cost per message and every overlap the schedule allows. The replay's latency is the schedule's
-floor: the engine on this host cannot beat it. The replay again with each rank computing at the dense model's
-rate (one ONNX Runtime process of the whole model, its defaults, over N) says what a split that computes as
-well as the whole graph would reach, and without the input message (every node reading the input, ``disco run
---input-at every-node``) what the split reaches where the input is not on the link. Each rank's memory once
-its graphs are loaded, before any inference, is the node's memory floor (and after the node's imports alone,
-its part that no engine change moves). Writes results/edge_floor.json (each rank's timed program kept, for
-other replays).
+timed; then the ranks' timed programs replayed against each other by the latency model's replay (each rank its
+own device, each node's link paced both ways as the engines pace it) with no cost per message and every overlap
+the schedule allows. The replay's latency is the schedule's floor: the engine on this host cannot beat it. The
+replay again with each rank computing at the dense model's rate (one ONNX Runtime process of the whole model,
+its defaults, over N) says what a split that computes as well as the whole graph would reach, and without the
+input message (every node reading the input, ``disco run --input-at every-node``) what the split reaches where
+the input is not on the link. Each rank's memory once its graphs are loaded, before any inference, is the
+node's memory floor (and after the node's imports alone, its part that no engine change moves). Writes
+results/edge_floor.json (each rank's timed program kept, for other replays).
 
     OMP_NUM_THREADS=1 python -m bench.floor                    # resnet50 224 px: the settings of the targets
     OMP_NUM_THREADS=1 python -m bench.floor --models cifar_resnet20 --reps 20
@@ -23,7 +22,6 @@ import logging
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,77 +40,54 @@ def time_rank(folder: str, rank: int, nodes: int, codec: str, reps: int) -> dict
     import onnxruntime  # noqa: F401  # (the engine imports it on its first session)
 
     from disco_edge import bundle
-    from disco_edge.codecs import RAW, get_codec
-    from disco_edge.engine import STEPS, Engine
+    from disco_edge.codecs import get_codec
+    from disco_edge.engine import Engine
     from disco_edge.node import Node  # noqa: F401  # the node's own imports, as a node holds them
     from disco_edge.procstat import peak_rss_mb, rss_mb
-
-    class NoLink:  # sends dropped, receives zeros of the size the schedule gives
-        def send(self, dst: int, tag: int, buf: Any) -> None:
-            pass
-
-        def recv(self, src: int, tag: int, nbytes: int) -> Any:
-            return np.zeros(nbytes, dtype=np.uint8)
-
-        def flush(self) -> None:
-            pass
+    from disco_edge.transport import NoLink
 
     imports = rss_mb()
     b = bundle.load(folder, rank, nodes, verify=False)
-    cod = get_codec(codec)
-    eng = Engine(b, NoLink(), cod)  # type: ignore[arg-type]
+    eng = Engine(b, NoLink(), get_codec(codec))  # type: ignore[arg-type]
     loaded = rss_mb()
-    steps = b.schedule["steps"]
     x = b.reference()[0] if rank == 0 else None
-    times = np.zeros((reps + 2, len(steps)))
-    for k in range(reps + 2):
-        env = {} if x is None else {s["name"]: np.ascontiguousarray(v, dtype=np.float32)
-                                    for s, v in zip(b.schedule["inputs"], x, strict=True)}
-        for i, st in enumerate(steps):
-            t0 = time.perf_counter()
-            STEPS[st["op"]](eng, st, env)
-            times[k, i] = time.perf_counter() - t0
+    times: list[list[float]] = []
+    for _ in range(reps + 2):
+        times.append([])
+        eng.infer(x, step_s=times[-1])
     med = np.median(times[2:], axis=0)
     prog = []
-    for st, s in zip(steps, med, strict=True):
-        if st["op"] == "send":
-            c = cod if st.get("kind", "links") == "links" else RAW
-            shape = tuple(st["shape"])
-            nb = c.nbytes(shape, int(st.get("axis", 1 if len(shape) > 1 else 0)))
-            prog.append(["send", int(st["to"]), int(st["tag"]), nb, float(s), st.get("kind", "links")])
-        elif st["op"] == "recv":
-            prog.append(["recv", int(st["from"]), int(st["tag"]), 0, float(s), st.get("kind", "links")])
+    for st, sec in zip(b.schedule["steps"], med, strict=True):
+        if st["op"] in ("send", "recv"):
+            peer = st["to"] if st["op"] == "send" else st["from"]
+            prog.append([st["op"], int(peer), int(st["tag"]), eng.nbytes(st), float(sec), st.get("kind", "links")])
         else:
-            prog.append(["cpu", -1, -1, 0, float(s), ""])
+            prog.append(["cpu", -1, -1, 0, float(sec), ""])
     return {"rank": rank, "rss_imports_mb": imports, "rss_loaded_mb": loaded, "peak_rss_mb": peak_rss_mb(),
             "weight_bytes": b.weight_bytes, "compute_ms": float(med.sum() * 1e3), "program": prog}
 
 
 def replay(progs: list[list[list[Any]]], bandwidth_bps: float | None) -> float:
-    """The latency (s) of the ranks' programs run against each other: a rank runs its steps in order, a receive
-    waits for its message, a send queues on the rank's uplink (serialised at ``bandwidth_bps``; None: free)."""
-    n = len(progs)
-    clock, pc, uplink = [0.0] * n, [0] * n, [0.0] * n
-    arrival: dict[tuple[int, int, int], float] = {}
-    while any(pc[r] < len(progs[r]) for r in range(n)):
-        moved = False
-        for r in range(n):
-            while pc[r] < len(progs[r]):
-                op, peer, tag, nbytes, secs = progs[r][pc[r]][:5]
-                if op == "recv":
-                    if (peer, r, tag) not in arrival:
-                        break  # the others move first
-                    clock[r] = max(clock[r], arrival[(peer, r, tag)]) + secs
-                else:
-                    clock[r] += secs
-                    if op == "send":
-                        uplink[r] = max(clock[r], uplink[r]) + (nbytes * 8 / bandwidth_bps if bandwidth_bps else 0)
-                        arrival[(r, peer, tag)] = uplink[r]
-                pc[r] += 1
-                moved = True
-        if not moved:
-            raise ValueError("the schedules wait on each other (a receive with no matching send)")
-    return max(clock)
+    """The latency (s) of the ranks' timed programs run against each other by the latency model's replay
+    (:func:`disco.runtime.latency.replay`: each rank its own device, each node's link paced both ways as the
+    engines pace it) with no cost per message: a step's time is compute (a send's before it leaves, a
+    receive's once its message is there)."""
+    from disco.runtime.latency import Delay
+    from disco.runtime.latency import replay as model_replay
+    from disco.runtime.transport import LinkModel
+
+    def steps(prog: list[list[Any]]) -> list[tuple]:
+        out: list[tuple] = []
+        for op, peer, tag, nbytes, sec, *_ in prog:
+            if op == "send":
+                out += [("c", sec), ("s", peer, tag, nbytes)]
+            elif op == "recv":
+                out += [("w", peer, tag, nbytes), ("c", sec)]
+            else:
+                out.append(("c", sec))
+        return [*[s for s in out if s[0] != "c" or s[1] > 0], ("f",)]
+
+    return model_replay([steps(p) for p in progs], LinkModel(bandwidth_bps), len(progs), Delay(0.0, 0.0))
 
 
 def scaled(prog: list[list[Any]], factor: float) -> list[list[Any]]:

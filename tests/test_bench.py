@@ -133,7 +133,8 @@ def test_host_drift_is_the_probes_largest_move_from_the_trace():
 
 
 def test_floor_replay_waits_for_messages_and_serialises_the_uplink() -> None:
-    """bench/floor.py's replay: a receive waits for its message, a rank's sends share its uplink."""
+    """bench/floor.py's timed programs replayed by the latency model: a receive waits for its message, a rank's
+    sends share its uplink, the input message can be left out."""
     from bench.floor import every_node, replay, scaled
 
     r0 = [["cpu", -1, -1, 0, 1.0], ["send", 1, 5, 1000, 0.0], ["send", 1, 7, 1000, 0.0], ["recv", 1, 6, 0, 0.0]]
@@ -146,5 +147,5 @@ def test_floor_replay_waits_for_messages_and_serialises_the_uplink() -> None:
     b = [["recv", 0, 1, 0, 0.0, "input"], ["recv", 0, 5, 0, 0.0, "links"]]
     assert replay([a, b], 8000.0) == pytest.approx(2.0)  # tag 5 queues behind the input
     assert replay([every_node(a), every_node(b)], 8000.0) == pytest.approx(1.5)
-    with pytest.raises(ValueError, match="wait on each other"):
+    with pytest.raises(RuntimeError, match="deadlock"):
         replay([[["recv", 1, 1, 0, 0.0]], [["recv", 0, 1, 0, 0.0]]], None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,20 +88,25 @@ class Engine:
         self.received: dict[str, np.ndarray] = {}  # the last input each input message brought (a rank > 0)
         self.local: dict[str, np.ndarray] | None = None  # set: every node has the input, none is sent
 
-    def infer(self, inputs: list[np.ndarray] | None, flush: bool = True) -> list[np.ndarray]:
+    def infer(self, inputs: list[np.ndarray] | None, flush: bool = True, step_s: list[float] | None = None
+              ) -> list[np.ndarray]:
         """Run every step; rank 0 feeds ``inputs`` (the schedule's ``inputs``) and returns its ``outputs``.
-        ``flush``: wait until this inference's messages have left (a stream goes on to the next at once)."""
+        ``flush``: wait until this inference's messages have left (a stream goes on to the next at once);
+        ``step_s``: a list that gets each step's seconds (``bench/floor.py``)."""
         self.counters = Counters()
         env: dict[str, np.ndarray] = {}
         if inputs is not None:
             for spec, x in zip(self.b.schedule["inputs"], inputs, strict=True):
                 env[spec["name"]] = np.ascontiguousarray(x, dtype=np.float32)
         for i, st in enumerate(self.b.schedule["steps"]):
+            t0 = time.perf_counter() if step_s is not None else 0.0
             try:
                 STEPS[st["op"]](self, st, env)
             except KeyError as e:
                 raise Failed(f"step {i} ({st['op']}): no value {e} in this rank's environment (a schedule "
                              "that reads a value before it is made)") from None
+            if step_s is not None:
+                step_s.append(time.perf_counter() - t0)
         if flush:
             self.tr.flush()
         if self.b.rank != 0:
@@ -109,6 +115,15 @@ class Engine:
 
     def _codec(self, st: dict[str, Any]) -> Codec:
         return self.codec if st.get("kind", "links") == "links" else RAW
+
+    def nbytes(self, st: dict[str, Any]) -> int:
+        """The bytes of the message a ``send`` or ``recv`` step carries (its value coded for the wire)."""
+        shape = tuple(int(d) for d in st["shape"])
+        return self._codec(st).nbytes(shape, _axis(st, len(shape)))
+
+
+def _axis(st: dict[str, Any], ndim: int) -> int:
+    return int(st.get("axis", 1 if ndim > 1 else 0))
 
 
 def _run(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
@@ -126,7 +141,7 @@ def _send(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
     if e.local is not None and st.get("kind") == "input":
         return  # every node reads the input itself
     x = env[st["value"]]
-    axis = int(st.get("axis", 1 if x.ndim > 1 else 0))
+    axis = _axis(st, x.ndim)
     codec = e._codec(st)
     buf = codec.encode(x, axis)
     c = e.counters
@@ -148,12 +163,10 @@ def _recv(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
         env[st["value"]] = e.local[st["value"]]
         return
     shape = tuple(int(s) for s in st["shape"])
-    axis = int(st.get("axis", 1 if len(shape) > 1 else 0))
     if st.get("dtype", "float32") != "float32":
         raise Failed(f"recv {st['value']!r}: dtype {st['dtype']} (the engine carries float32 values)")
-    codec = e._codec(st)
-    buf = e.tr.recv(int(st["from"]), int(st["tag"]), codec.nbytes(shape, axis))
-    env[st["value"]] = codec.decode(buf, shape, axis)
+    buf = e.tr.recv(int(st["from"]), int(st["tag"]), e.nbytes(st))
+    env[st["value"]] = e._codec(st).decode(buf, shape, _axis(st, len(shape)))
     if st.get("kind") == "input":
         e.received[st["value"]] = env[st["value"]]
 

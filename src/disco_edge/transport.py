@@ -274,6 +274,19 @@ class ZmqTransport:
         self.ctx.term()
 
 
+class NoLink:
+    """A transport for timing one rank alone: sends are dropped, receives are zeros of the size expected."""
+
+    def send(self, dst: int, tag: int, buf: np.ndarray) -> None:
+        pass
+
+    def recv(self, src: int, tag: int, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def flush(self) -> None:
+        pass
+
+
 def _monitor_event(mon: Any) -> int:
     """The event id of one message on a monitor socket: frame 0 is a 16-bit event and a 32-bit value (libzmq's
     monitor API; ``zmq.utils.monitor`` reads it the same way but imports asyncio and ssl, 4 MB per node)."""

@@ -110,26 +110,12 @@ def ort_costs(model: Any, shape: tuple[int, ...], flops: float, ops: float, reps
             "one_process_ms": whole * 1e3}
 
 
-class _NoLink:
-    """A transport for timing one rank alone: sends are dropped, receives are zeros of the size expected."""
-
-    def send(self, dst: int, tag: int, buf: Any) -> None:
-        pass
-
-    def recv(self, src: int, tag: int, nbytes: int) -> Any:
-        import numpy as np
-
-        return np.zeros(nbytes, dtype=np.uint8)
-
-    def flush(self) -> None:
-        pass
-
-
 def split_compute(model: Any, shape: tuple[int, ...], cal: Calibration, r: float = SPLIT_RATIO,
                   reps: int = 10) -> dict[str, Any]:
     """The ONNX engine's compute of a real split on this host against the compute model's: ``model`` exported
     over 2 nodes at ``r`` (one-shot magnitude links, as ``disco export --format onnx``), each rank's segments run
-    alone (:class:`_NoLink`) by the node engine, against :func:`price`'s compute of the same programs with ``cal``.
+    alone (``disco_edge.transport.NoLink``) by the node engine, against :func:`price`'s compute of the same
+    programs with ``cal``.
     ONNX Runtime's per-FLOP cost comes from the dense model in one graph, which fuses what a rank's segments
     cannot, so a split computes slower than its FLOPs say; ``split_factor`` (the slower rank, measured over
     modelled) carries that to every candidate."""
@@ -138,6 +124,7 @@ def split_compute(model: Any, shape: tuple[int, ...], cal: Calibration, r: float
     from disco_edge.bundle import load
     from disco_edge.codecs import get_codec
     from disco_edge.engine import Engine
+    from disco_edge.transport import NoLink
 
     from ..graph import partition
     from ..masks import DiscoModel
@@ -160,7 +147,7 @@ def split_compute(model: Any, shape: tuple[int, ...], cal: Calibration, r: float
             return {"split_factor": 1.0, "split_ratio": r, "split_refused": str(e)}
         for rank in range(2):
             b = load(d, rank, 2, verify=False)
-            eng, x = Engine(b, _NoLink(), get_codec("fp32")), (b.reference() or [None])[0]
+            eng, x = Engine(b, NoLink(), get_codec("fp32")), (b.reference() or [None])[0]
             measured.append(median_ms(lambda eng=eng, x=x: eng.infer(x), reps, warmup=2) / 1e3)
     slow = max(range(2), key=lambda j: measured[j])
     return {"split_factor": measured[slow] / max(modelled[slow], 1e-12), "split_ratio": r,
