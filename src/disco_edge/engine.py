@@ -19,7 +19,6 @@ from .bundle import Bundle
 from .codecs import RAW, Codec
 from .errors import Failed, Refused
 from .procstat import release_free_memory
-from .transport import ZmqTransport
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +76,11 @@ class Counters:
 
 
 class Engine:
-    """One rank: its sessions, the transport and the wire codec; :meth:`infer` runs the steps once."""
+    """One rank: its sessions, the transport and the wire codec; :meth:`infer` runs the steps once. This is the
+    one interpreter of a schedule: the nodes (:class:`disco_edge.transport.ZmqTransport`), the export's proof
+    (:class:`disco_edge.local.LocalTransport`) and the planner's timing (``NoLink``) only change the transport."""
 
-    def __init__(self, bundle: Bundle, transport: ZmqTransport, codec: Codec, opt: str = "all") -> None:
+    def __init__(self, bundle: Bundle, transport: Any, codec: Codec, opt: str = "all") -> None:
         self.b, self.tr, self.codec = bundle, transport, codec
         self.sessions = {name: session(p, opt) for name, p in bundle.graphs.items()}
         self.io = {name: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
@@ -87,13 +88,16 @@ class Engine:
         self.counters = Counters()
         self.received: dict[str, np.ndarray] = {}  # the last input each input message brought (a rank > 0)
         self.local: dict[str, np.ndarray] | None = None  # set: every node has the input, none is sent
+        self.seq = 0  # the number of the inference being run
 
-    def infer(self, inputs: list[np.ndarray] | None, flush: bool = True, step_s: list[float] | None = None
-              ) -> list[np.ndarray]:
+    def infer(self, inputs: list[np.ndarray] | None, flush: bool = True, step_s: list[float] | None = None,
+              seq: int = 0) -> list[np.ndarray]:
         """Run every step; rank 0 feeds ``inputs`` (the schedule's ``inputs``) and returns its ``outputs``.
         ``flush``: wait until this inference's messages have left (a stream goes on to the next at once);
-        ``step_s``: a list that gets each step's seconds (``bench/floor.py``)."""
+        ``step_s``: a list that gets each step's seconds (``bench/floor.py``); ``seq``: the inference's number,
+        carried by each of its messages (a served request's: a message of another inference is never taken)."""
         self.counters = Counters()
+        self.seq = seq
         env: dict[str, np.ndarray] = {}
         if inputs is not None:
             for spec, x in zip(self.b.schedule["inputs"], inputs, strict=True):
@@ -155,7 +159,7 @@ def _send(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
     else:
         c.other_bytes += len(buf)
     c.messages += 1
-    e.tr.send(int(st["to"]), int(st["tag"]), buf)
+    e.tr.send(int(st["to"]), int(st["tag"]), buf, seq=e.seq)
 
 
 def _recv(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
@@ -165,7 +169,7 @@ def _recv(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
     shape = tuple(int(s) for s in st["shape"])
     if st.get("dtype", "float32") != "float32":
         raise Failed(f"recv {st['value']!r}: dtype {st['dtype']} (the engine carries float32 values)")
-    buf = e.tr.recv(int(st["from"]), int(st["tag"]), e.nbytes(st))
+    buf = e.tr.recv(int(st["from"]), int(st["tag"]), e.nbytes(st), seq=e.seq)
     env[st["value"]] = e._codec(st).decode(buf, shape, _axis(st, len(shape)))
     if st.get("kind") == "input":
         e.received[st["value"]] = env[st["value"]]

@@ -4,7 +4,8 @@ Each node binds one ROUTER socket (its inbox) and connects one DEALER per peer (
 peer has its own queue in both directions and ZeroMQ's I/O thread receives while the node computes. Frames:
 
     [b"H", mac, hello-json]   first message on every connection: HMAC-SHA256 of the rank with the run token
-    [b"D", tag (int64 LE), payload]   a data message (payload: the coded value's bytes, sent zero-copy)
+    [b"D", tag + seq (2 x int64 LE), payload]   a data message (payload: the coded value's bytes, sent zero-copy;
+                              seq: the number of the inference it belongs to)
     [b"C", json]              control: the peer table, go / end of inferences, the final report
     [b"X", reason]            the sender stops because of ``reason``
 
@@ -33,7 +34,7 @@ from .errors import Failed, PeerLost, Refused
 from .link import LinkModel, Pacing
 
 log = logging.getLogger(__name__)
-_TAG = struct.Struct("<q")
+_TAG = struct.Struct("<qq")  # tag, seq
 CHECK_S = 0.1  # a wait looks at the connections' events after this long without a message
 GONE_GRACE_S = 0.5  # a peer whose connection closed is lost once this long has passed without its message
 
@@ -155,7 +156,8 @@ class ZmqTransport:
         if src not in self.known:
             raise Failed(f"a message from an unauthenticated peer {ident!r} (no hello with this run's token)")
         if kind == b"D":
-            self.stash.setdefault((src, _TAG.unpack(frames[2].bytes)[0]), deque()).append(frames[3])
+            tag, seq = _TAG.unpack(frames[2].bytes)
+            self.stash.setdefault((src, tag), deque()).append((seq, frames[3]))
         elif kind == b"C":
             self.stash.setdefault((src, "C"), deque()).append(json.loads(frames[2].bytes))
         elif kind == b"X":
@@ -199,9 +201,17 @@ class ZmqTransport:
         if since is not None and time.monotonic() - since > GONE_GRACE_S:
             raise PeerLost(src, "its connection closed (the process ended or was killed)")
 
-    def recv(self, src: int, tag: int, nbytes: int) -> np.ndarray:
-        """The next data message (``src``, ``tag``) as uint8 (zero-copy); its length must be ``nbytes``."""
-        frame = self._wait((src, tag), self.timeout)
+    def recv(self, src: int, tag: int, nbytes: int, seq: int = 0) -> np.ndarray:
+        """The next data message (``src``, ``tag``) of inference ``seq`` as uint8 (zero-copy); its length must be
+        ``nbytes``. Messages of earlier inferences (abandoned ones) are dropped; one of a later inference means
+        that ``src`` skipped this one: a failure, never a value taken for another request's."""
+        while True:
+            got, frame = self._wait((src, tag), self.timeout)
+            if got >= seq:
+                break
+            log.debug("dropped a message of inference %d from rank %d (tag %d): waiting for %d", got, src, tag, seq)
+        if got != seq:
+            raise Failed(f"rank {src} sent a message of inference {got} while this node runs inference {seq}")
         if len(frame) != nbytes:
             raise Failed(f"a message from rank {src} (tag {tag}) has {len(frame)} bytes, the schedule says "
                          f"{nbytes} (a peer running another export or codec?)")
@@ -213,10 +223,11 @@ class ZmqTransport:
         return self._wait((src, "C"), self.timeout if timeout is None else timeout)
 
     # ---- sending --------------------------------------------------------------------------------
-    def send(self, dst: int, tag: int, buf: np.ndarray) -> None:
-        """Post ``buf`` (uint8, kept alive until sent) to ``dst`` under ``tag``; never blocks on the peer."""
+    def send(self, dst: int, tag: int, buf: np.ndarray, seq: int = 0) -> None:
+        """Post ``buf`` (uint8, kept alive until sent) to ``dst`` under ``tag``, as a message of inference
+        ``seq``; never blocks on the peer."""
         self.messages += 1
-        self._emit(dst, [b"D", _TAG.pack(tag), buf], len(buf))
+        self._emit(dst, [b"D", _TAG.pack(tag, seq), buf], len(buf))
 
     def send_control(self, dst: int, msg: dict[str, Any]) -> None:
         self._emit(dst, [b"C", json.dumps(msg).encode()])
@@ -277,10 +288,10 @@ class ZmqTransport:
 class NoLink:
     """A transport for timing one rank alone: sends are dropped, receives are zeros of the size expected."""
 
-    def send(self, dst: int, tag: int, buf: np.ndarray) -> None:
+    def send(self, dst: int, tag: int, buf: np.ndarray, seq: int = 0) -> None:
         pass
 
-    def recv(self, src: int, tag: int, nbytes: int) -> np.ndarray:
+    def recv(self, src: int, tag: int, nbytes: int, seq: int = 0) -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)
 
     def flush(self) -> None:
