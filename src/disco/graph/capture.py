@@ -33,6 +33,7 @@ class DiscoTracer(fx.Tracer):
 def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     """Trace ``model`` (leaf modules share their objects with ``model``) and record shapes."""
     tracer = DiscoTracer()
+    tracer.record_stack_traces = True  # every node's source line, for refusals (errors.describe)
     # optional forward arguments (masks, flags) keep their defaults: the graph has one input
     params = list(inspect.signature(model.forward).parameters.values())[1:]
     concrete = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}

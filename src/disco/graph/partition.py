@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from .builder import OwnershipBuilder
 from .capture import capture
-from .errors import UnsupportedOpError, describe
+from .errors import describe, refusal
 from .registry import rule_for, uncovered_base
 from .types import REPLICATED, Links, MixingLayer, Partition, Rule, WeightView, shape_of, tensor_args
 
@@ -157,10 +157,10 @@ def _rule_of(b: OwnershipBuilder, node: fx.Node) -> Rule | None:
     if node.op == "call_module":
         base = uncovered_base(type(gm.get_submodule(node.target)))
         if base is not None:
-            raise UnsupportedOpError(
+            raise refusal(node,
                 f"{describe(node, gm)} is a subclass of {base.__name__} that redefines its forward, which the "
                 f"rule for {base.__name__} does not describe; register a rule for it")
-    raise UnsupportedOpError(f"no op rule for {describe(node, gm)}; add one with disco.graph.registry.register_*_rule")
+    raise refusal(node, f"no op rule for {describe(node, gm)}; add one with disco.graph.registry.register_*_rule")
 
 
 def _assign_owners(b: OwnershipBuilder, nodes: int, shares: tuple[float, ...] | None

@@ -20,6 +20,7 @@ from torch import Tensor, fx, nn
 
 from ..errors import UnsupportedOpError
 from ..registry import register_decomposition, register_function_rule
+from ..tracesite import caller_site
 from ..types import tensor_args
 from .base import Local, arg
 
@@ -68,7 +69,9 @@ register_function_rule(heads_attention)(HeadsRule())
 
 def _require(cond: bool, m: nn.Module, what: str) -> None:
     if not cond:
-        raise UnsupportedOpError(f"{type(m).__name__}: {what} is not supported by the head-split attention rule")
+        site = caller_site()
+        at = f" (called at {site})" if site else ""
+        raise UnsupportedOpError(f"{type(m).__name__}: {what} is not supported by the head-split attention rule{at}")
 
 
 def _timm_attention(m: nn.Module, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
