@@ -75,6 +75,25 @@ class Counters:
         return dict(vars(self))
 
 
+class Totals:
+    """What a rank did since it started: inferences, compute seconds, bytes and messages sent to each peer."""
+
+    def __init__(self) -> None:
+        self.inferences = 0
+        self.compute_s = 0.0
+        self.bytes_to: dict[int, int] = {}
+        self.messages_to: dict[int, int] = {}
+
+    def sent(self, dst: int, nbytes: int) -> None:
+        self.bytes_to[dst] = self.bytes_to.get(dst, 0) + nbytes
+        self.messages_to[dst] = self.messages_to.get(dst, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"inferences": self.inferences, "compute_s": round(self.compute_s, 6),
+                "bytes_to": {str(k): v for k, v in self.bytes_to.items()},
+                "messages_to": {str(k): v for k, v in self.messages_to.items()}}
+
+
 class Engine:
     """One rank: its sessions, the transport and the wire codec; :meth:`infer` runs the steps once. This is the
     one interpreter of a schedule: the nodes (:class:`disco_edge.transport.ZmqTransport`), the export's proof
@@ -86,6 +105,7 @@ class Engine:
         self.io = {name: ([i.name for i in s.get_inputs()], [o.name for o in s.get_outputs()])
                    for name, s in self.sessions.items()}
         self.counters = Counters()
+        self.totals = Totals()
         self.received: dict[str, np.ndarray] = {}  # the last input each input message brought (a rank > 0)
         self.local: dict[str, np.ndarray] | None = None  # set: every node has the input, none is sent
         self.seq = 0  # the number of the inference being run
@@ -103,16 +123,20 @@ class Engine:
             for spec, x in zip(self.b.schedule["inputs"], inputs, strict=True):
                 env[spec["name"]] = np.ascontiguousarray(x, dtype=np.float32)
         for i, st in enumerate(self.b.schedule["steps"]):
-            t0 = time.perf_counter() if step_s is not None else 0.0
+            t0 = time.perf_counter()
             try:
                 STEPS[st["op"]](self, st, env)
             except KeyError as e:
                 raise Failed(f"step {i} ({st['op']}): no value {e} in this rank's environment (a schedule "
                              "that reads a value before it is made)") from None
+            dt = time.perf_counter() - t0
+            if st["op"] == "run":
+                self.totals.compute_s += dt
             if step_s is not None:
-                step_s.append(time.perf_counter() - t0)
+                step_s.append(dt)
         if flush:
             self.tr.flush()
+        self.totals.inferences += 1
         if self.b.rank != 0:
             return []
         return [env[o["name"]] for o in self.b.schedule["outputs"]]
@@ -159,6 +183,7 @@ def _send(e: Engine, st: dict[str, Any], env: dict[str, np.ndarray]) -> None:
     else:
         c.other_bytes += len(buf)
     c.messages += 1
+    e.totals.sent(int(st["to"]), len(buf))
     e.tr.send(int(st["to"]), int(st["tag"]), buf, seq=e.seq)
 
 

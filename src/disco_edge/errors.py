@@ -24,3 +24,7 @@ class PeerLost(Failed):
     def __init__(self, rank: int, why: str) -> None:
         super().__init__(f"lost rank {rank}: {why}")
         self.peer = rank
+
+
+class Aborted(Failed):
+    """Rank 0 abandoned the inference this node runs (a served group lost a peer): not this node's failure."""

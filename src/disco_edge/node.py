@@ -60,6 +60,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--io-nice", type=int, default=19, help="accepted for the torch engine's flags; unused")
     p.add_argument("--no-verify", action="store_true", help="skip the sha256 checks (tests only)")
     p.add_argument("--result", help="rank 0: write the report (JSON) here")
+    g = p.add_argument_group("serving (rank 0; the other ranks follow the leader's mode by themselves)")
+    g.add_argument("--serve", metavar="HOST:PORT",
+                   help="keep the group up and answer Open Inference Protocol (v2) requests over HTTP here "
+                   "(e.g. 127.0.0.1:8000); needs --leader; see docs/serving.md")
+    g.add_argument("--model-name", help="the model's name in the protocol (default: the export folder's name)")
+    g.add_argument("--serve-token", help="require 'Authorization: Bearer TOKEN' (default: $DISCO_SERVE_TOKEN; "
+                   "none)")
+    g.add_argument("--max-queue", type=int, default=64, help="requests that may wait (default 64; then 503)")
+    g.add_argument("--inflight", type=int, default=4,
+                   help="requests flowing through the schedule at once (default 4)")
+    g.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds a request may take, queue included (default 30; then 504)")
+    g.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (default 64 MB; 413)")
     for name in UNSUPPORTED:
         p.add_argument("--" + name, help=argparse.SUPPRESS)
     return p
@@ -78,6 +91,13 @@ def check_args(a: argparse.Namespace) -> None:
         raise Refused(f"--input {a.input}: the onnxruntime engine reads a .npy file (numpy.save)")
     if a.threads != 1:
         raise Refused(f"--threads {a.threads}: the onnxruntime engine computes on one thread")
+    if getattr(a, "serve", None) is not None:
+        if a.rank != 0:
+            raise Refused("--serve is rank 0's: start the other ranks without it (they follow the leader)")
+        if a.leader is None:
+            raise Refused("--serve needs --leader HOST:PORT (ranks rejoin through the leader's address)")
+        if a.max_queue < 1 or a.inflight < 1 or not a.request_timeout > 0 or not a.max_body_mb > 0:
+            raise Refused("--max-queue >= 1, --inflight >= 1, positive --request-timeout and --max-body-mb please")
     if a.iters < 1 or a.warmup < 0 or a.stream < 0 or not a.timeout > 0 or not a.startup_timeout > 0:
         raise Refused("--iters >= 1, --warmup >= 0, --stream >= 0 and positive --timeout / --startup-timeout "
                       "please")
@@ -110,10 +130,10 @@ class Node:
 
     def start(self) -> None:
         from .engine import Engine
-        from .transport import ZmqTransport
+        from .membership import GroupTransport
 
         a = self.a
-        self.tr = ZmqTransport(a.rank, a.nodes, self.b.token(), self.link, timeout=a.startup_timeout)
+        self.tr = GroupTransport(a.rank, a.nodes, self.b.token(), self.link, timeout=a.startup_timeout)
         parent = os.environ.get(PARENT_ENV, "")
         self.tr.parent = int(parent) if parent.isdigit() else None
         # sessions first: a bad graph refuses before joining
@@ -290,14 +310,31 @@ def report(node: Node, err: float | None, lat: list[float], stream_s: float | No
     }
 
 
+def model_name(b: Any) -> str:
+    """The model's name in the protocol: the export folder's (as Triton names a model by its folder)."""
+    root = b.folder.parent if b.folder.name == f"rank{b.rank}" else b.folder
+    return root.resolve().name
+
+
 def run(a: argparse.Namespace) -> dict[str, Any] | None:
     """The whole life of one node; returns rank 0's report."""
     check_args(a)
     node = Node(a)
+    if a.serve is not None:
+        from .front import serve
+
+        serve(node, a.serve, a.model_name or model_name(node.b), a.serve_token, a.max_queue, a.inflight,
+              int(a.max_body_mb * 1e6), a.request_timeout)
+        return None
     linger, lost = 2000, None
     try:
         node.start()
         node.fire("startup")
+        if node.tr.serving:  # rank 0 serves requests: follow it until it ends the group
+            from .follower import follow
+
+            follow(node)
+            return None
         err = node.self_test()
         done = node.serve()
         node.tr.flush()

@@ -8,6 +8,10 @@ peer has its own queue in both directions and ZeroMQ's I/O thread receives while
                               seq: the number of the inference it belongs to)
     [b"C", json]              control: the peer table, go / end of inferences, the final report
     [b"X", reason]            the sender stops because of ``reason``
+    [b"R", reason]            the receiver is refused (a served group: its rank is live in the group already)
+
+A connection's routing id is ``r<rank>:<nonce>`` (a nonce per process): messages of a process that has been
+replaced by a restarted one of the same rank are told apart and dropped.
 
 Rendezvous: rank 0 binds at the leader's address; the others bind anywhere, say hello to the leader with their
 address and get the table back. With an explicit ``peers`` list every rank binds its own entry.
@@ -30,7 +34,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from .errors import Failed, PeerLost, Refused
+from .errors import Aborted, Failed, PeerLost, Refused
 from .link import LinkModel, Pacing
 
 log = logging.getLogger(__name__)
@@ -39,8 +43,15 @@ CHECK_S = 0.1  # a wait looks at the connections' events after this long without
 GONE_GRACE_S = 0.5  # a peer whose connection closed is lost once this long has passed without its message
 
 
-def _ident(rank: int) -> bytes:
-    return b"r%d" % rank
+def _ident(rank: int, nonce: str) -> bytes:
+    return b"r%d:%s" % (rank, nonce.encode())
+
+
+def _rank_of(ident: bytes) -> int:
+    try:
+        return int(ident[1:].split(b":")[0].decode()) if ident[:1] == b"r" else -1
+    except ValueError:
+        return -1
 
 
 def mac(token: str, rank: int) -> bytes:
@@ -61,6 +72,10 @@ class ZmqTransport:
         self.out: dict[int, zmq.Socket] = {}
         self.addrs: list[str] = []
         self.known: set[int] = set()  # peers whose hello verified
+        self.idents: dict[int, bytes] = {}  # the routing id of each peer's current connection
+        self.nonce = os.urandom(4).hex()
+        self.serving = False  # a served group: a stranger's message is dropped and logged, not fatal
+        self.abort_upto = -1  # rank 0 abandoned every inference up to this number (a served group)
         self.monitors: dict[int, zmq.Socket] = {}  # events of the connection to each peer
         self.gone: dict[int, float] = {}  # peers whose connection closed, since when
         self.parent: int | None = None  # the launcher's pid (``disco run``): its end ends this node
@@ -89,7 +104,7 @@ class ZmqTransport:
 
     def _connect(self, peer: int, addr: str, hello: dict[str, Any]) -> None:
         s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.ROUTING_ID, _ident(self.rank))
+        s.setsockopt(zmq.ROUTING_ID, _ident(self.rank, self.nonce))
         s.setsockopt(zmq.LINGER, 2000)
         self.monitors[peer] = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         s.connect(addr)
@@ -123,8 +138,9 @@ class ZmqTransport:
         self._connect(0, f"tcp://{leader}", {"rank": self.rank, "nodes": self.nodes, "addr": mine})
         table = self.control(0, timeout=self.timeout)
         self.addrs = table["peers"]
+        self.serving = bool(table.get("serve"))  # rank 0 serves requests: this node follows (disco_edge.follower)
         for j in range(1, self.nodes):
-            if j != self.rank:
+            if j != self.rank and self.addrs[j]:  # a served group sends the table before every rank has joined
                 self._connect(j, self.addrs[j], {"rank": self.rank, "nodes": self.nodes})
 
     def _await_hellos(self, want: set[int], what: str) -> dict[int, dict[str, Any]]:
@@ -147,25 +163,45 @@ class ZmqTransport:
         """Read one message from the inbox into the stash; a hello is checked and returned."""
         frames = self.inbox.recv_multipart(copy=False)
         ident, kind = frames[0].bytes, frames[1].bytes
-        try:
-            src = int(ident[1:].decode()) if ident[:1] == b"r" else -1
-        except ValueError:
-            src = -1
+        src = _rank_of(ident)
         if kind == b"H":
-            return src, self._hello(src, frames)
-        if src not in self.known:
+            try:
+                hello = self._hello(src, frames)
+            except Refused as e:
+                if not self.serving:
+                    raise
+                log.warning("refused a connection: %s", e)
+                return -1, None
+            if self.rank != 0 or not self.serving:  # a served group's rank 0 admits in disco_edge.group
+                self.idents[src] = ident
+            hello["_ident"] = ident.decode(errors="replace")
+            return src, hello
+        if src not in self.known or self.idents.get(src) != ident:
+            if self.serving:  # a replaced process's last words, or a stranger
+                log.info("dropped a message from %r (not the current connection of an authenticated peer)", ident)
+                return -1, None
             raise Failed(f"a message from an unauthenticated peer {ident!r} (no hello with this run's token)")
         if kind == b"D":
             tag, seq = _TAG.unpack(frames[2].bytes)
             self.stash.setdefault((src, tag), deque()).append((seq, frames[3]))
         elif kind == b"C":
-            self.stash.setdefault((src, "C"), deque()).append(json.loads(frames[2].bytes))
+            msg = json.loads(frames[2].bytes)
+            if src == 0 and "abort" in msg:
+                self.abort_upto = max(self.abort_upto, int(msg["abort"]))
+            self.stash.setdefault((src, "C"), deque()).append(msg)
         elif kind == b"X":
             raise PeerLost(src, f"it stopped: {frames[2].bytes.decode(errors='replace')}")
+        elif kind == b"R":
+            raise Refused(f"rank {src} refused this node: {frames[2].bytes.decode(errors='replace')}")
         return src, None
 
     def _hello(self, src: int, frames: list[Any]) -> dict[str, Any]:
-        hello = json.loads(frames[3].bytes)
+        try:
+            hello = json.loads(frames[3].bytes)
+        except (ValueError, IndexError):
+            raise Refused("a malformed hello") from None
+        if not isinstance(hello, dict):
+            raise Refused("a malformed hello")
         if not 0 <= src < self.nodes or src == self.rank or hello.get("nodes") != self.nodes:
             raise Refused(f"a peer introduced itself as rank {src} of {hello.get('nodes')} nodes; this node is "
                           f"rank {self.rank} of {self.nodes} (a peer list of another length, or another run?)")
@@ -175,10 +211,12 @@ class ZmqTransport:
         self.known.add(src)
         return hello
 
-    def _wait(self, key: tuple[int, Any], timeout: float) -> Any:
+    def _wait(self, key: tuple[int, Any], timeout: float, seq: int | None = None) -> Any:
         deadline = time.monotonic() + timeout
         box = self.stash.setdefault(key, deque())
         while not box:
+            if seq is not None and seq <= self.abort_upto:
+                raise Aborted(f"rank 0 abandoned inference {seq}")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PeerLost(key[0], f"no message within {timeout:.0f} s (a stopped or hung peer)")
@@ -206,7 +244,7 @@ class ZmqTransport:
         ``nbytes``. Messages of earlier inferences (abandoned ones) are dropped; one of a later inference means
         that ``src`` skipped this one: a failure, never a value taken for another request's."""
         while True:
-            got, frame = self._wait((src, tag), self.timeout)
+            got, frame = self._wait((src, tag), self.timeout, seq if self.serving else None)
             if got >= seq:
                 break
             log.debug("dropped a message of inference %d from rank %d (tag %d): waiting for %d", got, src, tag, seq)

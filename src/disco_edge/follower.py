@@ -1,0 +1,60 @@
+"""A non-leader of a served group: run the inferences that rank 0 starts, follow the group's changes.
+
+Control messages from rank 0, in order: ``peers`` (a member moved: reconnect), ``go`` (run inference ``seq``
+of request ``id``), ``abort`` (rank 0 abandoned every inference up to a number: stop the one running), ``end``.
+A lost peer other than rank 0 ends only the inference running (rank 0 sees the loss and waits for the rank
+to rejoin); the loss of rank 0 ends this node (a supervisor restarts the group).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .errors import Aborted, Failed, PeerLost
+from .group import STATS_EVERY_S
+from .procstat import rss_mb
+
+log = logging.getLogger(__name__)
+IDLE_S = 1e9  # a follower waits for rank 0 as long as its connection stays up
+
+
+def follow(node: Any) -> None:
+    """Serve as rank ``node.a.rank`` until rank 0 ends the group (returns) or is lost (:class:`PeerLost`)."""
+    tr, eng = node.tr, node.engine
+    last = 0.0
+    while True:
+        msg = tr.control(0, timeout=IDLE_S)
+        if "peers" in msg:
+            tr.update_peers(msg["peers"])
+        if msg.get("end"):
+            return
+        if not msg.get("go"):
+            continue
+        seq = int(msg["seq"])
+        if seq <= tr.abort_upto:
+            continue
+        try:
+            eng.infer(None, flush=False, seq=seq)
+        except Aborted:
+            log.info("inference %d (request %s) abandoned by rank 0", seq, msg.get("id"))
+            continue
+        except PeerLost as e:
+            if e.peer == 0:
+                raise
+            log.warning("inference %d (request %s): %s", seq, msg.get("id"), e)
+            continue
+        except Failed as e:
+            log.warning("inference %d (request %s) failed: %s", seq, msg.get("id"), e)
+            tr.send_control(0, {"failed": f"inference {seq}: {e}"})
+            continue
+        now = time.monotonic()
+        if now - last >= STATS_EVERY_S or msg.get("id") == "self-test":
+            last = now
+            tr.send_control(0, {"stats": stats(node)})
+
+
+def stats(node: Any) -> dict[str, Any]:
+    """What this node reports to rank 0: RSS and the engine's totals."""
+    return {"rss_mb": round(rss_mb(), 2), "totals": node.engine.totals.as_dict()}
