@@ -179,7 +179,8 @@ def train_checkpoint(task: str, data: str | Path, out: str | Path, *, model: str
                device=dev, amp=amp)
     metrics = t.evaluate(net, test)
     net.to("cpu")
-    info: dict[str, Any] = {"metrics": metrics, "history": hist, "args": options}
+    info: dict[str, Any] = {"metrics": metrics, "history": hist, "args": options,
+                            "preprocess": t.preprocess(net) if hasattr(t, "preprocess") else None}
     if getattr(t, "classes", None):
         info["classes"] = t.classes
     if D.is_main():
@@ -236,6 +237,14 @@ def _arch_spec(arch: str | dict[str, Any] | None) -> dict[str, Any]:
     return {"name": arch, "kwargs": {}} if isinstance(arch, str) else {"kwargs": {}, **arch}
 
 
+def _num_classes(model: nn.Module) -> int | None:
+    """The class count of a classifier's head (its last Linear's outputs), None without one."""
+    from .models import classifier_head
+
+    head = classifier_head(model)
+    return None if head is None else int(model.get_submodule(head).out_features)
+
+
 def export(model: DiscoModel | str | Path, out_dir: str | Path, *, arch: str | dict[str, Any] | None = None,
            codec: str = "fp32", probe: Tensor | None = None, fmt: str = "torch") -> dict[str, Any]:
     """Write one weight shard per node and a manifest into ``out_dir``; returns the manifest.
@@ -270,7 +279,7 @@ def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
     import torch
 
     from .errors import RefusedError
-    from .models import build_model
+    from .models import build_model, preprocess_of
     from .runtime.formats import exporter
     from .sparsify import magnitude_scores
     from .sparsify import select_links as _select
@@ -293,7 +302,9 @@ def export_model_name(name: str, out: str | Path, nodes: int, ratio: float,
     lw = f", latency weight {latency_weight:g} bytes per message" if latency_weight else ""
     return exporter(fmt)(dm.eval(), part, kept, out, {"name": name, "kwargs": {}}, codec=codec,
                    info={"source": f"model name {name}, {'given weights' if weights else 'random init'}, "
-                                   f"magnitude links at r={ratio:g} ({budget} budget{lw})"})
+                                   f"magnitude links at r={ratio:g} ({budget} budget{lw})",
+                         **({"preprocess": preprocess_of(model, _num_classes(model), input_shape[-1])}
+                            if weights else {})})
 
 
 def run(export_dir: str | Path, nodes: int, *, run_timeout: float = 3600.0, options: Any = None,

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import RefusedError
+from .pretrained import map_in_order, preprocess_of
 from .registry import _REGISTRY, register_model, registered_input_shape
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,15 @@ def load_weights(model: nn.Module, path: str | Path, new_head: bool = False) -> 
         shape = []
     missing = sorted(set(own) - set(state) - ({*head_keys} if new_head else set()))
     unexpected = sorted(set(state) - set(own))
+    if missing and unexpected and not (set(state) & set(own)):  # a foreign naming: map it in order, or say why not
+        mapped, why = map_in_order(own, state)
+        if mapped is None:
+            raise ValueError(f"weights {path} use another naming than model {type(model).__name__} (the file's "
+                             f"first tensor is {next(iter(state))}, the model's {next(iter(own))}) and cannot be "
+                             f"mapped in order: {why}")
+        log.info("weights %s: foreign naming mapped in order onto %d tensors (%s -> %s, every shape and kind "
+                 "matching)", path, len(mapped), next(iter(state)), next(iter(mapped)))
+        state, missing, unexpected, shape = mapped, [], [], []
     if missing or unexpected or shape:
         parts = [f"{len(v)} {what} ({', '.join(v[:4])}{', ...' if len(v) > 4 else ''})"
                  for what, v in (("missing", missing), ("unexpected", unexpected), ("of another shape", shape)) if v]
@@ -151,6 +161,7 @@ def load_weights(model: nn.Module, path: str | Path, new_head: bool = False) -> 
     log.info("loaded weights from %s", path)
 
 
-__all__ = ["build_model", "list_models", "load_weights", "register_model", "registered_input_shape"]
+__all__ = ["build_model", "list_models", "load_weights", "map_in_order", "preprocess_of", "register_model",
+           "registered_input_shape"]
 
 from . import cifar_resnet, deeplab, rrdbnet, ssd, vit  # noqa: E402,F401  (registers the project models)

@@ -147,6 +147,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "input_bytes": rep.input_bytes, "output_bytes": rep.output_bytes, "stats_bytes": rep.stats_bytes,
         "shards": shards, "schedules": schedules, "reference_sha256": file_sha256(out / "reference.safetensors"),
         "info": info or {}, "task": (info or {}).get("task"), "proof": proof,
+        "preprocess": (info or {}).get("preprocess"),  # size, mean, std, scale, labels: what a client feeds
     }
     fields = field_digests(manifest)
     manifest["manifest_hash"] = manifest_hash(fields)

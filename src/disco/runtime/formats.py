@@ -32,4 +32,4 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, codec: str = "
                          "or export a dense split with export(model, partition, None, ...)")
     return exporter(fmt)(loaded.model, loaded.partition, loaded.model.kept, out_dir, loaded.ckpt.model, codec=codec,
                          info={"checkpoint": str(ckpt_path), "metrics": loaded.ckpt.info.get("metrics", {}),
-                               "task": loaded.ckpt.task})
+                               "task": loaded.ckpt.task, "preprocess": loaded.ckpt.info.get("preprocess")})

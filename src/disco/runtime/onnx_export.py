@@ -261,7 +261,8 @@ def export_onnx(model: nn.Module, part: Partition, kept: np.ndarray | None, out_
            "shares": list(part.shares) if part.shares else None, "input_shape": list(part.input_shape),
            "input": in_name, "ratio": part.ratio(kept), "codec": codec, "bytes_predicted": rep.bytes,
            "messages_per_inference": rep.messages_per_inference, "link_values_scheduled": counters["link_values"],
-           "max_rel_err_onnx": err, "files": files, "info": info or {}}
+           "max_rel_err_onnx": err, "files": files, "info": info or {},
+           "preprocess": (info or {}).get("preprocess")}  # size, mean, std, scale, labels: what a client feeds
     man["manifest_hash"] = hashlib.sha256(json.dumps(man, sort_keys=True).encode()).hexdigest()[:32]
     (tmp / "manifest.json").write_text(json.dumps(man, indent=1))
     shutil.rmtree(out, ignore_errors=True)

@@ -232,8 +232,9 @@ def sparsify(dense: str | Path, data: str, out: str | Path, cfg: SparsifyConfig,
     out = Path(out)
     dm, result, info = sparsify_model(loaded.model, loaders, cfg, tuple(ckpt.input_shape),
                                       state_path=out.with_name(out.name + ".state.pt"))
-    if "classes" in ckpt.info:
-        info["classes"] = ckpt.info["classes"]
+    for key in ("classes", "preprocess"):  # what the network was trained on travels with it
+        if key in ckpt.info:
+            info[key] = ckpt.info[key]
     if D.is_main():
         save_disco(dm, out, ckpt.model, task=task.name, info={**info, "dense": str(dense)},
                    extra={"budget": cfg.budget, "selection": result["selection"]})

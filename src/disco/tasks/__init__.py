@@ -41,4 +41,4 @@ def task_for_model(model: str) -> type | None:
 
 __all__ = ["Task", "get_task", "register_task", "task_for_model", "task_names"]
 
-from . import classification, det, seg, sr  # noqa: E402,F401
+from . import classification, det, imagenet, seg, sr  # noqa: E402,F401

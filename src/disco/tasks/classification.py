@@ -151,6 +151,13 @@ class ImageFolderTask(_Classification):
     def evaluate(self, model: nn.Module, loader: Any) -> dict[str, float]:
         return evaluate_classifier(model, loader, (1, 5), amp=self.amp)
 
+    def preprocess(self, model: nn.Module) -> dict[str, Any]:
+        """What the data pipeline feeds the model (travels with the checkpoint and the export)."""
+        from ..data.imagefolder import MEAN, STD
+
+        out: dict[str, Any] = {"size": [self.image_size] * 2, "mean": list(MEAN), "std": list(STD), "scale": 255.0}
+        return out | ({"labels": list(self.classes)} if self.classes else {})
+
 
 def task_options(task: Any, info: dict[str, Any], input_shape: list[int] | tuple[int, ...]) -> None:
     """Configure ``task`` as the checkpoint it is loaded for was trained (image size, classes)."""
