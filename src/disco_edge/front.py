@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import logging
 import os
+import signal
 import socket
 import time
 from typing import Any
@@ -256,20 +257,26 @@ def serve(node: Any, host_port: str, model: str, token: str | None, max_queue: i
     server = uvicorn.Server(config)
 
     sock = _listen(host, int(port))
+    stopped: list[int] = []
 
     async def main(sock: socket.socket) -> None:
         group.start()
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not task.done():
-            if group.fatal is not None and not isinstance(group.fatal, KeyboardInterrupt):
+            if group.fatal is not None or stopped:  # rank 0 failed, or a signal before uvicorn took them
                 server.should_exit = True
             await asyncio.sleep(0.2)
         await task
 
+    # uvicorn catches SIGINT/SIGTERM for its graceful shutdown, then raises the signal again under the handler
+    # that was there before: this one, so that the group is ended (its members told) and the node exits 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: stopped.append(s))
     try:
         asyncio.run(main(sock))
     finally:
         group.stop()
         sock.close()
+    log.info("rank 0 stopped%s", f" by signal {stopped[0]}" if stopped else "")
     if group.fatal is not None:
         raise group.fatal
