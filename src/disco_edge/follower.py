@@ -9,6 +9,7 @@ to rejoin); the loss of rank 0 ends this node (a supervisor restarts the group).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -57,4 +58,4 @@ def follow(node: Any) -> None:
 
 def stats(node: Any) -> dict[str, Any]:
     """What this node reports to rank 0: RSS and the engine's totals."""
-    return {"rss_mb": round(rss_mb(), 2), "totals": node.engine.totals.as_dict()}
+    return {"rss_mb": round(rss_mb(), 2), "pid": os.getpid(), "totals": node.engine.totals.as_dict()}

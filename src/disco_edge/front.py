@@ -56,7 +56,8 @@ class Front:
         m = "/v2/models/{model}"
         v = "/v2/models/{model}/versions/{version}"
         routes = [Route("/v2/health/live", self.live), Route("/v2/health/ready", self.ready_ep),
-                  Route("/v2", self.server_meta), Route("/metrics", self.prom)]
+                  Route("/v2", self.server_meta), Route("/metrics", self.prom),
+                  Route("/v2/repository/index", self.index, methods=["POST"])]
         for base in (m, v):
             routes += [Route(base, self.model_meta), Route(base + "/ready", self.model_ready),
                        Route(base + "/stats", self.stats), Route(base + "/infer", self.infer, methods=["POST"])]
@@ -86,6 +87,13 @@ class Front:
         name = request.path_params["model"]
         version = request.path_params.get("version")
         return None if name != self.model or version not in (None, "", "1") else name
+
+    async def index(self, request: Any) -> Any:
+        """Triton's model repository index: the one model this group serves."""
+        from starlette.responses import JSONResponse
+
+        return JSONResponse([{"name": self.model, "version": "1", "state": "READY" if self.group.ready
+                              else "UNAVAILABLE", "reason": self.group.why}])
 
     async def model_meta(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

@@ -13,6 +13,7 @@ carries its inference's number, and each answer goes to the request whose number
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ from .errors import Failed, PeerLost, Refused
 from .procstat import rss_mb
 
 log = logging.getLogger(__name__)
+PARENT_ENV = "DISCO_LAUNCHER_PID"  # as disco_edge.node: set by disco serve's supervisor
 IDLE_POLL_S = 0.05  # rank 0 looks at its connections this often while no request waits
 STATS_EVERY_S = 1.0  # a follower reports its figures at most this often
 
@@ -92,7 +94,7 @@ class Group:
         me = self.members[0]
         if getattr(self.node, "engine", None) is not None:
             me["totals"] = self.node.engine.totals.as_dict()
-        me["rss_mb"] = round(rss_mb(), 2)
+        me["rss_mb"], me["pid"] = round(rss_mb(), 2), os.getpid()
         return {j: dict(m) for j, m in self.members.items()}
 
     def start(self) -> None:
@@ -123,6 +125,8 @@ class Group:
 
         n, a = self.node, self.node.a
         n.tr = GroupTransport(0, a.nodes, n.b.token(), n.link, timeout=a.timeout)
+        parent = os.environ.get(PARENT_ENV, "")
+        n.tr.parent = int(parent) if parent.isdigit() else None
         n.engine = Engine(n.b, n.tr, n.codec, a.graph_opt)
         n.tr.listen(a.leader)
         self.state, self.why = "joining", f"waiting for ranks {self._missing()} to join"
@@ -154,6 +158,8 @@ class Group:
     def _housekeeping(self, wait_s: float) -> None:
         """Read hellos and reports, notice lost members."""
         tr = self.node.tr
+        if tr.parent is not None and os.getppid() != tr.parent:
+            raise Failed(f"the supervisor (pid {tr.parent}) is gone; stopping")
         try:
             hellos = tr.poll(wait_s)
         except PeerLost as e:  # a member said it stops
@@ -176,6 +182,7 @@ class Group:
         m = self.members[j]
         if "stats" in msg:
             m["rss_mb"], m["totals"] = msg["stats"].get("rss_mb"), msg["stats"].get("totals", {})
+            m["pid"] = msg["stats"].get("pid")
         if "failed" in msg:
             self._broken(f"rank {j}: {msg['failed']}")
 

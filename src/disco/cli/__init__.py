@@ -5,6 +5,7 @@
     sparsify, eval     cli/sparsify.py   fine-tune into a DISCO model; its metric
     export, run        cli/run.py        shards + manifest; N node processes and their report
     demo               cli/demo.py       the end-to-end story on the embedded model
+    serve, infer       cli/serve.py      an ONNX export as a served group; photos to it (docs/serving.md)
 
 Exit codes follow :mod:`disco.errors`: 0 done, 2 refused, 3 failed during the run.
 """
@@ -28,13 +29,13 @@ __all__ = ["NOTICE", "build_parser", "main", "setup_logging"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``disco`` parser with every command group."""
-    from . import demo, model, run, sparsify, train
+    from . import demo, model, run, serve, sparsify, train
 
     p = Parser(prog="disco", description="Distributed DNN inference with sparse communications. Exit codes: "
                "0 done, 2 a value or file was refused, 3 a failure during the run.")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (and tracebacks of failures)")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for group in (train, model, sparsify, run, demo):
+    for group in (train, model, sparsify, run, demo, serve):
         group.add_commands(sub)
     return p
 
