@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,12 @@ BACKOFF_S = (1.0, 30.0)  # first and largest wait before a restart
 STABLE_S = 60.0  # a process that ran this long starts again after the first wait
 POLL_S = 0.2
 STOP_S = 15.0  # after SIGTERM, rank 0 gets this long to end the group; then every rank left is killed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -45,11 +52,9 @@ class Supervisor:
     def __init__(self, export: str | Path, nodes: int, port: int, host: str = "127.0.0.1",
                  node_args: list[str] | None = None, serve_args: list[str] | None = None,
                  leader_port: int | None = None) -> None:
-        from ..runtime.launch import free_port
-
         self.export, self.nodes = Path(export), nodes
         self.serve_addr = f"{host}:{port}"
-        self.leader = f"127.0.0.1:{leader_port or free_port()}"
+        self.leader = f"127.0.0.1:{leader_port or _free_port()}"
         self.node_args, self.serve_args = node_args or [], serve_args or []
         self.env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                         **{TOKEN_ENV: os.environ.get(TOKEN_ENV) or secrets.token_hex(16), PARENT_ENV: str(os.getpid())})
