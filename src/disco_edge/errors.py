@@ -28,3 +28,7 @@ class PeerLost(Failed):
 
 class Aborted(Failed):
     """Rank 0 abandoned the inference this node runs (a served group lost a peer): not this node's failure."""
+
+
+class WrongAnswer(Failed):
+    """The group's output of the shipped reference is not the reference's: never serve it."""

@@ -37,7 +37,11 @@ def follow(node: Any) -> None:
         if seq <= tr.abort_upto:
             continue
         try:
-            eng.infer(None, flush=False, seq=seq)
+            if msg.get("lossless"):  # the self-test: fp32 on the wire, as rank 0
+                with node.lossless():
+                    eng.infer(None, seq=seq)
+            else:
+                eng.infer(None, flush=False, seq=seq)
         except Aborted:
             log.info("inference %d (request %s) abandoned by rank 0", seq, msg.get("id"))
             continue
@@ -51,7 +55,7 @@ def follow(node: Any) -> None:
             tr.send_control(0, {"failed": f"inference {seq}: {e}"})
             continue
         now = time.monotonic()
-        if now - last >= STATS_EVERY_S or msg.get("id") == "self-test":
+        if now - last >= STATS_EVERY_S or msg.get("lossless"):
             last = now
             tr.send_control(0, {"stats": stats(node)})
 

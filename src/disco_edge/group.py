@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import Failed, PeerLost, Refused
+from .errors import Failed, PeerLost, WrongAnswer
 from .procstat import rss_mb
 
 log = logging.getLogger(__name__)
@@ -238,33 +238,33 @@ class Group:
             except queue.Empty:
                 return
 
-    def _go(self, seq: int, rid: str) -> None:
+    def _go(self, seq: int, rid: str, lossless: bool = False) -> None:
         for j in range(1, self.nodes):
-            self.node.tr.send_control(j, {"go": True, "seq": seq, "id": rid})
+            self.node.tr.send_control(j, {"go": True, "seq": seq, "id": rid, **({"lossless": True} if lossless
+                                                                                 else {})})
 
     def _self_test(self) -> None:
         """The shipped reference through the whole group; rank 0 refuses to serve a wrong answer."""
         n = self.node
         self.state, self.why = "self-test", "running the self-test"
         self.seq += 1
-        self._go(self.seq, "self-test")
+        self._go(self.seq, "self-test", lossless=True)
         try:
-            out = n.engine.infer(n.ref[0], seq=self.seq)
+            with n.lossless():
+                out = n.engine.infer(n.ref[0], seq=self.seq)
             err = n.check(out, "self-test")
         except PeerLost as e:
             self._lost(e.peer, str(e))
             return
-        except Refused:
-            raise
+        except WrongAnswer as e:  # never serve it
+            if not self.self_tests:
+                raise  # the first self-test: the node refuses to start (exit 3), as a benchmark's node does
+            self.state, self.why = "failed", str(e)
+            self.members[0]["self_test_err"] = str(e)
+            self._fail_queued(str(e))
+            log.error("%s", e)
+            return
         except Failed as e:
-            if "self-test" in str(e):  # a wrong answer: never serve it
-                if not self.self_tests:
-                    raise  # the first self-test: the node refuses to start (exit 3), as a benchmark's node does
-                self.state, self.why = "failed", str(e)
-                self.members[0]["self_test_err"] = str(e)
-                self._fail_queued(str(e))
-                log.error("%s", e)
-                return
             self._broken(str(e))
             return
         self.self_tests += 1
