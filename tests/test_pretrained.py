@@ -225,3 +225,29 @@ def test_sample1000_labels_are_imagenet_indices() -> None:
     s = load_eval(DATA, "sample1000")
     assert len(s) == 1000 and sorted(s.labels.tolist()) == list(range(1000))
     assert s.images.dtype == torch.uint8 and tuple(s.images.shape[1:]) == (3, 224, 224)
+
+
+def _entry(name: str, stage: str, seed: int, sample: float, nodes: int = 2, ratio: float = 0.2) -> dict:
+    return {"name": name, "nodes": nodes, "stage": stage, "seed": seed, "target_ratio": ratio, "ratio": ratio,
+            "selection": "activation", "top1_sample1000": sample, "top1_inette": 72.0, "agree_sample1000": 80.0,
+            "share_in_train_classes_sample1000": 1.0, "flops_ratio": 0.8, "weights_per_node_ratio": 0.46,
+            "bytes": 1000, "dense_bytes": 5000, "model": "m"}
+
+
+def test_pretrained_page_states_each_target() -> None:
+    from recipes.pages.pretrained import headline_row, page, verdicts
+
+    dense = {**_entry("dense", "dense", 0, 87.3, nodes=1, ratio=1.0), "top5_sample1000": 97.1}
+    entries = [dense, *(_entry("n2_r0.2", "reconstructed", s, 50.0) for s in range(3)),
+               *(_entry("n2_r0.2", "finetuned", s, 81.0 + s) for s in range(3)),
+               _entry("n2_r0.1", "finetuned", 0, 75.0, ratio=0.1), _entry("n2_r0", "finetuned", 0, 60.0, ratio=0.0)]
+    v = verdicts(entries)
+    assert "n2_r0.2 top1_sample1000 >= 80: 82.00 ± 1.00 (3 seeds, stage finetuned): met" in v
+    assert "n2_r0.1 top1_sample1000 >= 70: 75.00 ± 0.00 (1 seed, stage finetuned): met on fewer than 3 seeds" in v
+    assert "n2_r0.2_joint top1_sample1000 >= 70: **not measured**" in v
+    assert "n2_r0.1 >= separated branches + 5 on the sample: 75.00 against 60.00" in v
+    assert "| n2_r0.2 | 2 | activation | reconstructed | 0.200 | 3 | 50.00 ± 0.00 |" in page(entries, Path("."))
+    row = headline_row(entries)
+    assert row is not None and row[3] == "87.30" and row[4].startswith("75.00 ± 0.00 (activation, finetuned, 1 seed)")
+    missed = [dense, _entry("n2_r0.2", "finetuned", 0, 70.0)]
+    assert "**missed** by 10.00" in verdicts(missed)

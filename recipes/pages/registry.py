@@ -14,13 +14,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from . import architectures, choosing_split, codecs, edge, latency_model, selection_long
+from . import architectures, choosing_split, codecs, edge, latency_model, pretrained, selection_long, serving
 from .latency import latency_bench, latency_headline, latency_short, plot_latency
 from .measured import faults_table, latency_weight_table, placement_table, planner_validation, soak_table
 from .plots import plot_cifar10, plot_cifar10_vit, plot_det, plot_seg, plot_sr
 from .selection import budget_comparison, plot_selection, selection_table, selection_verdict
 from .tasks import (
     HEADLINE,
+    PRETRAINED,
     cifar10_resnet,
     det_lr,
     det_ssd,
@@ -52,7 +53,7 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "latency": ("latency", latency_headline),
     "latency_short": ("latency", latency_short),
     "latency_bench": ("latency", latency_bench),
-    "headline": (tuple(HEADLINE), headline),
+    "headline": ((*HEADLINE, PRETRAINED), headline),
     "faults": ("faults", faults_table),
     "soak": ("soak", soak_table),
     "selection": ("cifar10_selection", selection_table),
@@ -69,12 +70,14 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
     "placement": ("placement", placement_table),
+    "serving": (serving.SERVE, serving.section),
 }
 WHOLE_PAGES: dict[str, tuple[str, Callable[[object, Path], str]]] = {
     "docs/architectures.md": ("architectures", lambda data, results: architectures.page(data)),
     "docs/codecs.md": ("codecs", codecs.page),
     "docs/choosing-a-split.md": ("plan_resnet50", lambda data, results: choosing_split.page(data)),
     "docs/latency-model.md": ("latency_model", latency_model.page),
+    "docs/results-pretrained.md": (pretrained.NAME, pretrained.page),
 }
 _SAME_NAME_PLOTS = dict(cifar10_resnet=plot_cifar10, cifar10_vit=plot_cifar10_vit, sr_rrdbnet=plot_sr,
                         seg_deeplabv3plus=plot_seg, det_ssd=plot_det, latency=plot_latency,

