@@ -162,3 +162,25 @@ def test_a_killed_node_rejoins_and_the_group_is_exact_again(tmp_path: Path) -> N
         assert g.infer_json(x)[0] == 200
     # Group.__exit__ sent SIGTERM to rank 0; every process has ended
     assert all(p.poll() is not None for p in g.procs.values())
+
+
+@pytest.mark.slow
+def test_a_hung_node_fails_the_request_in_flight_and_is_told_to_stop(tmp_path: Path) -> None:
+    """SIGSTOP rank 1: the request in flight gets 503 once rank 0's --timeout (2 s) passes, never a hang; rank 0
+    tells the stopped node to end (it exits 3 when it runs again) and the same command again rejoins."""
+    d = build(tmp_path)
+    with Group(d, extra=["--timeout", "2"]) as g:
+        g.procs[1].send_signal(signal.SIGSTOP)
+        code, body = g.infer_json(_x(10))
+        assert code == 503 and "rank 1" in body["error"]
+        g.wait_ready(False)
+        g.procs[1].send_signal(signal.SIGCONT)
+        _, err = g.procs[1].communicate(timeout=60)
+        assert g.procs[1].returncode == 3 and "dropped rank 1" in err, err
+        g.start(1)
+        g.wait_ready(True)
+        x = _x(11)
+        code, body = g.infer_json(x)
+        assert code == 200
+        np.testing.assert_allclose(np.asarray(body["outputs"][0]["data"]).reshape(SHAPE), toy_model(x), rtol=1e-5,
+                                   atol=1e-6)

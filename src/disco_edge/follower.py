@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import Aborted, Failed, PeerLost
 from .group import STATS_EVERY_S
-from .procstat import rss_mb
+from .procstat import peak_rss_mb, rss_mb
 
 log = logging.getLogger(__name__)
 IDLE_S = 1e9  # a follower waits for rank 0 as long as its connection stays up
@@ -62,4 +62,5 @@ def follow(node: Any) -> None:
 
 def stats(node: Any) -> dict[str, Any]:
     """What this node reports to rank 0: RSS and the engine's totals."""
-    return {"rss_mb": round(rss_mb(), 2), "pid": os.getpid(), "totals": node.engine.totals.as_dict()}
+    return {"rss_mb": round(rss_mb(), 2), "peak_rss_mb": round(peak_rss_mb(), 2), "pid": os.getpid(),
+            "totals": node.engine.totals.as_dict()}

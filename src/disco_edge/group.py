@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import Failed, PeerLost, WrongAnswer
-from .procstat import rss_mb
+from .procstat import peak_rss_mb, rss_mb
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "DISCO_LAUNCHER_PID"  # as disco_edge.node: set by disco serve's supervisor
@@ -94,7 +94,7 @@ class Group:
         me = self.members[0]
         if getattr(self.node, "engine", None) is not None:
             me["totals"] = self.node.engine.totals.as_dict()
-        me["rss_mb"], me["pid"] = round(rss_mb(), 2), os.getpid()
+        me["rss_mb"], me["peak_rss_mb"], me["pid"] = round(rss_mb(), 2), round(peak_rss_mb(), 2), os.getpid()
         return {j: dict(m) for j, m in self.members.items()}
 
     def start(self) -> None:
@@ -182,7 +182,7 @@ class Group:
         m = self.members[j]
         if "stats" in msg:
             m["rss_mb"], m["totals"] = msg["stats"].get("rss_mb"), msg["stats"].get("totals", {})
-            m["pid"] = msg["stats"].get("pid")
+            m["pid"], m["peak_rss_mb"] = msg["stats"].get("pid"), msg["stats"].get("peak_rss_mb")
         if "failed" in msg:
             self._broken(f"rank {j}: {msg['failed']}")
 
@@ -213,7 +213,7 @@ class Group:
         log.warning("lost rank %d: %s", j, why)
         m.update(joined=False, error=why, rss_mb=None)
         if forget:
-            tr.drop(j)
+            tr.drop(j, f"rank 0 dropped rank {j} from the group: {why}")
         else:
             tr.close_out(j)
         self._not_ready(f"rank {j} is missing ({why})")

@@ -58,21 +58,27 @@ class GroupTransport(ZmqTransport):
         self.lost()
         return j in self.out and j not in self.gone
 
-    def close_out(self, j: int) -> None:
+    def close_out(self, j: int, linger_ms: int = 0) -> None:
         """Close the connection to ``j`` (its process is gone, or moved); what it sent stays readable."""
         self.flush()  # the pacer is idle before its sockets change
         s = self.out.pop(j, None)
         if s is not None:
             s.disable_monitor()
-            s.close(linger=0)
+            s.close(linger=linger_ms)
         mon = self.monitors.pop(j, None)
         if mon is not None:
             mon.close(linger=0)
         self.gone.pop(j, None)
 
-    def drop(self, j: int) -> None:
-        """Forget ``j``: its connection, its proof and the messages it left (its process is gone)."""
-        self.close_out(j)
+    def drop(self, j: int, why: str | None = None) -> None:
+        """Forget ``j``: its connection, its proof and the messages it left (its process is gone). ``why``: its
+        process may still run (it stopped answering): it is told to stop, so that it is started again and rejoins."""
+        if why is not None and j in self.out and j not in self.gone:
+            try:
+                self.out[j].send_multipart([b"X", why.encode()[:500]], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self.close_out(j, 500 if why is not None else 0)
         self.known.discard(j)
         self.idents.pop(j, None)
         for key in [k for k in self.stash if k[0] == j]:

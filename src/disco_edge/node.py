@@ -87,8 +87,9 @@ def check_args(a: argparse.Namespace) -> None:
     bad = [n for n in UNSUPPORTED if getattr(a, n) is not None]
     if bad:
         raise Refused(f"--{bad[0]} is not supported by the onnxruntime engine (run a torch export for it)")
-    if a.nodes < 2 or not 0 <= a.rank < a.nodes:
-        raise Refused(f"--rank {a.rank} --nodes {a.nodes}: need N >= 2 and 0 <= rank < N")
+    least = 1 if getattr(a, "serve", None) is not None else 2  # one process serving a whole model (a baseline)
+    if a.nodes < least or not 0 <= a.rank < a.nodes:
+        raise Refused(f"--rank {a.rank} --nodes {a.nodes}: need N >= {least} and 0 <= rank < N")
     if (a.leader is None) == (a.peers is None):
         raise Refused("give either --leader HOST:PORT (rank 0's address) or --peers HOST:PORT,... (one per rank)")
     if a.input is not None and not a.input.endswith(".npy"):
