@@ -221,7 +221,8 @@ def load(s: Served, pool: list[np.ndarray], want: list[np.ndarray], clients: int
            "throughput_per_s": len(lat) / wall if wall else None,
            "latency_ms_p50": float(np.percentile(lat_ms, 50)) if len(lat) else None,
            "latency_ms_p99": float(np.percentile(lat_ms, 99)) if len(lat) else None,
-           "rss_mb_per_node": {str(r): {"first": v[0], "last": v[-1], "max": max(v), "samples": len(v)}
+           "rss_mb_per_node": {str(r): {"first": v[0], "after_warmup": v[len(v) // 10], "last": v[-1], "max": max(v),
+                                        "samples": len(v), "series": v[:: max(1, len(v) // 50)]}
                                for r, v in rss.items()},
            "peak_rss_mb_per_node": [n.get("peak_rss_mb") for n in st.get("nodes", [])]}
     return out
@@ -292,6 +293,7 @@ def main() -> None:
     p.add_argument("--run-iters", type=int, default=30, help="disco run's timed inferences")
     p.add_argument("--work", type=Path, default=Path("/tmp/disco-bench-serve"))
     p.add_argument("--out", type=Path, default=ROOT / "results" / "serve.json")
+    p.add_argument("--skip", default="", help="kinds of run to leave out: fault, whole (comma-separated)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     a.work.mkdir(parents=True, exist_ok=True)
@@ -333,11 +335,13 @@ def main() -> None:
                     if todo(key):
                         save(key, load(s, pool, want, key["clients"], a.requests, tol))
         key = {"kind": "fault", "server": "split", **base, "clients": a.fault_clients, "requests": a.requests}
-        if todo(key):
+        if todo(key) and "fault" not in a.skip:
             with Served(folder, 2, args) as s:
                 f = fault()
                 entry = load(s, pool, want, a.fault_clients, a.requests, tol, during=f)
                 save(key, {**entry, "fault": f.result})
+    if "whole" in a.skip:
+        return
     single = whole(a.model, shape, a.work)
     keys = [{"kind": "load", "server": "whole", "clients": int(k), "requests": a.requests}
             for k in a.clients.split(",")]

@@ -184,3 +184,10 @@ def test_a_hung_node_fails_the_request_in_flight_and_is_told_to_stop(tmp_path: P
         assert code == 200
         np.testing.assert_allclose(np.asarray(body["outputs"][0]["data"]).reshape(SHAPE), toy_model(x), rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_unknown_paths_and_methods_answer_json_errors(group: Group) -> None:
+    code, _, raw = http(group.url + "/v2/nothing")
+    assert code == 404 and "Not Found" in json.loads(raw)["error"]
+    code, _, raw = http(group.url + "/v2/models/toy/infer")  # GET
+    assert code == 405 and "Method Not Allowed" in json.loads(raw)["error"]

@@ -61,7 +61,10 @@ class Front:
         for base in (m, v):
             routes += [Route(base, self.model_meta), Route(base + "/ready", self.model_ready),
                        Route(base + "/stats", self.stats), Route(base + "/infer", self.infer, methods=["POST"])]
-        app = Starlette(routes=routes)
+        async def http_error(request: Any, exc: Any) -> Any:
+            return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+        app = Starlette(routes=routes, exception_handlers={404: http_error, 405: http_error})
         app.add_middleware(_Guard, front=self)
         return app
 

@@ -65,8 +65,9 @@ class Group:
         self.state = "starting"
         self.why = "the group is starting"
         self.members: dict[int, dict[str, Any]] = {
-            j: {"rank": j, "joined": j == 0, "restarts": 0, "rss_mb": None, "self_test_err": None,
-                "error": None, "totals": {}} for j in range(self.nodes)}
+            j: {"rank": j, "joined": j == 0, "ever_joined": j == 0, "restarts": 0, "pid": None, "rss_mb": None,
+                "peak_rss_mb": None, "self_test_err": None, "error": None, "totals": {}}
+            for j in range(self.nodes)}  # every key from the start: the front copies these dicts from its thread
         self.seq = 0
         self.self_tests = 0
         self.ready_since: float | None = None
