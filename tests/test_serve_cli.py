@@ -126,3 +126,41 @@ def test_disco_infer_prints_the_top5_of_the_one_process_model(tmp_path: Path) ->
     (y,) = simulate(d, {man["input"]: x})[0].values()
     want = [f"  {p:7.2%}  {labels[i]}" for i, p in top_k(y)]
     assert lines[1:] == want
+
+
+@pytest.mark.slow
+def test_three_nodes_a_follower_rejoins_and_the_others_reconnect(tmp_path: Path) -> None:
+    """N=3: rank 2 killed and started again (rank 1 reconnects to its new address), then rank 1: after each, the
+    group answers exactly what the one-process run of the export gives."""
+    from disco.cli import main
+    from disco.edge.simulate import simulate
+    from tests.serve_group import Group
+
+    d = tmp_path / "n3"
+    assert main(["export", "cifar_resnet8", "--nodes", "3", "--ratio", "0.3", "--format", "onnx", "--out",
+                 str(d)]) == 0
+    man = json.loads((d / "manifest.json").read_text())
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(man["input_shape"]).astype(np.float32) for _ in range(3)]
+    want = [next(iter(simulate(d, {man["input"]: x})[0].values())) for x in xs]
+
+    def check(g: Group) -> None:
+        for x, y in zip(xs, want, strict=True):
+            body = {"inputs": [{"name": man["input"], "datatype": "FP32", "shape": list(x.shape),
+                                "data": x.ravel().tolist()}]}
+            code, _, raw = http(f"{g.url}/v2/models/n3/infer", json.dumps(body).encode())
+            assert code == 200, raw
+            got = np.asarray(json.loads(raw)["outputs"][0]["data"], np.float32).reshape(y.shape)
+            np.testing.assert_allclose(got, y, rtol=1e-4, atol=1e-5 * float(np.abs(y).max()))
+
+    with Group(d, nodes=3, env={"DISCO_RUN_TOKEN": "n3-token"}) as g:
+        check(g)
+        for r in (2, 1):
+            g.procs[r].send_signal(signal.SIGKILL)
+            g.procs[r].wait(10)
+            g.wait_ready(False)
+            g.start(r)
+            g.wait_ready(True)
+            check(g)
+        ended = g.stop()
+    assert {r: c for r, (c, _) in ended.items()} == {0: 0, 1: 0, 2: 0}, ended
