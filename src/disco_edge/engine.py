@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -109,6 +109,7 @@ class Engine:
         self.received: dict[str, np.ndarray] = {}  # the last input each input message brought (a rank > 0)
         self.local: dict[str, np.ndarray] | None = None  # set: every node has the input, none is sent
         self.seq = 0  # the number of the inference being run
+        self._ran = 0  # steps run so far (run_many: whether a resumed inference moved)
 
     def infer(self, inputs: list[np.ndarray] | None, flush: bool = True, step_s: list[float] | None = None,
               seq: int = 0) -> list[np.ndarray]:
@@ -117,29 +118,68 @@ class Engine:
         ``step_s``: a list that gets each step's seconds (``bench/floor.py``); ``seq``: the inference's number,
         carried by each of its messages (a served request's: a message of another inference is never taken)."""
         self.counters = Counters()
-        self.seq = seq
+        out: list[np.ndarray] = []
+        for _ in self._program(inputs, seq, out, step_s, cooperative=False):
+            pass  # a blocking program never yields
+        if flush:
+            self.tr.flush()
+        return out
+
+    def run_many(self, jobs: list[tuple[list[np.ndarray] | None, int]],
+                 done: Callable[[int, list[np.ndarray]], None], timeout: float) -> None:
+        """Run several inferences ``(inputs, seq)`` at once, interleaved on this one thread: while one waits for
+        a message, another computes (a served group's requests in flight). ``done(seq, outputs)`` as each ends
+        (rank 0's outputs; [] elsewhere). No message for ``timeout`` s while every one waits: :class:`PeerLost`."""
+        progs = []
+        for inputs, seq in jobs:
+            out: list[np.ndarray] = []
+            progs.append((seq, out, self._program(inputs, seq, out, None, cooperative=True)))
+        idle_since = time.monotonic()
+        while progs:
+            waiting, moved = set(), False
+            for item in list(progs):
+                seq, out, prog = item
+                before = self._ran
+                try:
+                    waiting.add(next(prog))
+                except StopIteration:
+                    progs.remove(item)
+                    done(seq, out)
+                moved = moved or self._ran != before
+            if moved:
+                idle_since = time.monotonic()
+            elif progs:
+                self.tr.wait_any(waiting, min(p[0] for p in progs), idle_since + timeout)
+
+    def _program(self, inputs: list[np.ndarray] | None, seq: int, out: list[np.ndarray],
+                 step_s: list[float] | None, cooperative: bool) -> Iterator[int]:
+        """The interpreter: the steps of one inference in order. ``cooperative``: before a receive whose message
+        has not arrived, yield the sender's rank (the caller runs another inference meanwhile); ``out`` gets rank
+        0's outputs at the end."""
         env: dict[str, np.ndarray] = {}
         if inputs is not None:
             for spec, x in zip(self.b.schedule["inputs"], inputs, strict=True):
                 env[spec["name"]] = np.ascontiguousarray(x, dtype=np.float32)
         for i, st in enumerate(self.b.schedule["steps"]):
+            if cooperative and st["op"] == "recv" and not (self.local is not None and st.get("kind") == "input"):
+                while not self.tr.ready(int(st["from"]), int(st["tag"]), seq):
+                    yield int(st["from"])
+            self.seq = seq  # the steps read it (one thread: whichever inference runs a step sets it first)
             t0 = time.perf_counter()
             try:
                 STEPS[st["op"]](self, st, env)
             except KeyError as e:
                 raise Failed(f"step {i} ({st['op']}): no value {e} in this rank's environment (a schedule "
                              "that reads a value before it is made)") from None
+            self._ran += 1
             dt = time.perf_counter() - t0
             if st["op"] == "run":
                 self.totals.compute_s += dt
             if step_s is not None:
                 step_s.append(dt)
-        if flush:
-            self.tr.flush()
         self.totals.inferences += 1
-        if self.b.rank != 0:
-            return []
-        return [env[o["name"]] for o in self.b.schedule["outputs"]]
+        if self.b.rank == 0:
+            out.extend(env[o["name"]] for o in self.b.schedule["outputs"])
 
     def _codec(self, st: dict[str, Any]) -> Codec:
         return self.codec if st.get("kind", "links") == "links" else RAW

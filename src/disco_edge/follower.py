@@ -40,10 +40,13 @@ def follow(node: Any) -> None:
             if msg.get("lossless"):  # the self-test: fp32 on the wire, as rank 0
                 with node.lossless():
                     eng.infer(None, seq=seq)
-            else:
-                eng.infer(None, flush=False, seq=seq)
+            else:  # with the requests rank 0 started with it, interleaved as rank 0 runs them
+                seqs = [seq] + _more_gos(tr)
+                eng.run_many([(None, s) for s in seqs], lambda s, out: None, tr.timeout)
+                tr.flush()
         except Aborted:
             log.info("inference %d (request %s) abandoned by rank 0", seq, msg.get("id"))
+            tr.purge(tr.abort_upto)
             continue
         except PeerLost as e:
             if e.peer == 0:
@@ -58,6 +61,18 @@ def follow(node: Any) -> None:
         if now - last >= STATS_EVERY_S or msg.get("lossless"):
             last = now
             tr.send_control(0, {"stats": stats(node)})
+
+
+def _more_gos(tr: Any) -> list[int]:
+    """The numbers of the further ``go`` messages already here, next in rank 0's order (not a self-test's)."""
+    while tr.inbox.poll(0):
+        tr._pump_one()
+    box, seqs = tr.stash.get((0, "C")), []
+    while box and box[0].get("go") and not box[0].get("lossless"):
+        s = int(box.popleft()["seq"])
+        if s > tr.abort_upto:
+            seqs.append(s)
+    return seqs
 
 
 def stats(node: Any) -> dict[str, Any]:

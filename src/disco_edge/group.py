@@ -228,6 +228,7 @@ class Group:
         self.state, self.why, self.ready_since = "not ready", why, None
         self._fail_queued(f"the group is not ready: {why}")
         tr = self.node.tr
+        tr.purge(self.seq)
         for k, mm in self.members.items():
             if k and mm["joined"]:
                 tr.send_control(k, {"abort": self.seq})
@@ -287,19 +288,20 @@ class Group:
             self.on_wait(now - r.enqueued)
             self._go(r.seq, r.id)
             live.append(r)
-        k = 0
-        try:
-            while k < len(live):
-                out = n.engine.infer(live[k].inputs, flush=False, seq=live[k].seq)
-                live[k].done(out, None, 200)
-                k += 1
+        by_seq = {r.seq: r for r in live}
+
+        def finished(seq: int, out: list[np.ndarray]) -> None:
+            by_seq.pop(seq).done(out, None, 200)
+
+        try:  # the requests interleaved on this thread: one computes while another waits for a message
+            n.engine.run_many([(r.inputs, r.seq) for r in live], finished, n.a.timeout)
             n.tr.flush()
         except PeerLost as e:
-            for r in live[k:]:
+            for r in by_seq.values():
                 r.done(None, f"the group lost rank {e.peer} during the inference: {e}", 503)
             self._lost(e.peer, str(e))
         except Failed as e:
-            for r in live[k:]:
+            for r in by_seq.values():
                 r.done(None, f"the inference failed: {e}", 503)
             self._broken(str(e))
 

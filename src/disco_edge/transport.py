@@ -183,7 +183,7 @@ class ZmqTransport:
             raise Failed(f"a message from an unauthenticated peer {ident!r} (no hello with this run's token)")
         if kind == b"D":
             tag, seq = _TAG.unpack(frames[2].bytes)
-            self.stash.setdefault((src, tag), deque()).append((seq, frames[3]))
+            self.stash.setdefault((src, tag, seq), deque()).append(frames[3])
         elif kind == b"C":
             msg = json.loads(frames[2].bytes)
             if src == 0 and "abort" in msg:
@@ -241,20 +241,39 @@ class ZmqTransport:
 
     def recv(self, src: int, tag: int, nbytes: int, seq: int = 0) -> np.ndarray:
         """The next data message (``src``, ``tag``) of inference ``seq`` as uint8 (zero-copy); its length must be
-        ``nbytes``. Messages of earlier inferences (abandoned ones) are dropped; one of a later inference means
-        that ``src`` skipped this one: a failure, never a value taken for another request's."""
-        while True:
-            got, frame = self._wait((src, tag), self.timeout, seq if self.serving else None)
-            if got >= seq:
-                break
-            log.debug("dropped a message of inference %d from rank %d (tag %d): waiting for %d", got, src, tag, seq)
-        if got != seq:
-            raise Failed(f"rank {src} sent a message of inference {got} while this node runs inference {seq}")
+        ``nbytes``. A message is taken only by the inference whose number it carries, never by another request's
+        (the messages of abandoned inferences are dropped by :meth:`purge`)."""
+        frame = self._wait((src, tag, seq), self.timeout, seq if self.serving else None)
         if len(frame) != nbytes:
             raise Failed(f"a message from rank {src} (tag {tag}) has {len(frame)} bytes, the schedule says "
                          f"{nbytes} (a peer running another export or codec?)")
         self.pacing.downlink(nbytes)
         return np.frombuffer(frame.buffer, dtype=np.uint8)
+
+    def ready(self, src: int, tag: int, seq: int) -> bool:
+        """Whether the data message (``src``, ``tag``) of inference ``seq`` is here (reads what has arrived)."""
+        while self.inbox.poll(0):
+            self._pump_one()
+        return bool(self.stash.get((src, tag, seq)))
+
+    def wait_any(self, srcs: set[int], seq: int, deadline: float) -> None:
+        """Wait a little for any message (inferences from ``seq`` on wait for ``srcs``); :class:`PeerLost` past
+        ``deadline`` (monotonic) or when one of ``srcs`` is gone, :class:`Aborted` once rank 0 abandoned ``seq``."""
+        if self.serving and seq <= self.abort_upto:
+            raise Aborted(f"rank 0 abandoned inference {seq}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PeerLost(min(srcs), f"no message within {self.timeout:.0f} s (a stopped or hung peer)")
+        if self.inbox.poll(int(min(left, CHECK_S) * 1000) + 1):
+            self._pump_one()
+            return
+        for src in srcs:
+            self._check_gone(src)
+
+    def purge(self, upto: int) -> None:
+        """Drop the data messages of inferences up to ``upto`` (abandoned ones)."""
+        for key in [k for k in self.stash if len(k) == 3 and k[2] <= upto]:
+            del self.stash[key]
 
     def control(self, src: int, timeout: float | None = None) -> dict[str, Any]:
         """The next control message from ``src``."""
