@@ -191,3 +191,24 @@ def test_unknown_paths_and_methods_answer_json_errors(group: Group) -> None:
     assert code == 404 and "Not Found" in json.loads(raw)["error"]
     code, _, raw = http(group.url + "/v2/models/toy/infer")  # GET
     assert code == 405 and "Method Not Allowed" in json.loads(raw)["error"]
+
+
+def test_a_full_queue_answers_503_at_once_and_says_why(tmp_path: Path) -> None:
+    """--max-queue 1, one request in flight, rank 0's messages held 1 s each: of 6 requests sent together, those
+    beyond the one running and the one waiting get 503 naming the full queue; the others are exact."""
+    d = build(tmp_path)
+    with Group(d, extra=["--max-queue", "1", "--inflight", "1", "--latency", "1s"]) as g:
+        results = []
+        xs = [_x(20 + i) for i in range(6)]
+        threads = [threading.Thread(target=lambda x=x: results.append((x, g.infer_json(x)))) for x in xs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        full = [b for _, (c, b) in results if c == 503]
+        ok = [(x, b) for x, (c, b) in results if c == 200]
+        assert len(full) + len(ok) == 6 and full and ok
+        assert all("queue is full" in b["error"] for b in full)
+        for x, b in ok:
+            np.testing.assert_allclose(np.asarray(b["outputs"][0]["data"]).reshape(SHAPE), toy_model(x), rtol=1e-5,
+                                       atol=1e-6)
