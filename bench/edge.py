@@ -5,6 +5,8 @@ entry per measurement, written as each ends; a rerun skips what is there).
 
     python -m bench.edge                                  # resnet50 (224) and cifar_resnet20, every setting
     python -m bench.edge --models cifar_resnet20 --bandwidths none,100mbit --iters 5   # a quick look
+    python -m bench.edge --models tf_efficientnet_lite0 --checkpoint runs/pretrained/n2_r0.2_s0/finetuned.safetensors \
+        --bandwidths none,100mbit                         # a trained DISCO checkpoint's own split (issue 42)
     OMP_NUM_THREADS=1 python -m bench.edge --pingpong     # the transports' ping-pong -> results/pingpong.json (20 s)
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32)}
+MODELS = {"resnet50": (1, 3, 224, 224), "cifar_resnet20": (1, 3, 32, 32), "tf_efficientnet_lite0": (1, 3, 224, 224)}
 SETTINGS = [  # (N, target ratio, budget): issue 30's three splits, and the dense split they are compared with
     (2, 0.2, "global"), (2, 0.2, "joint"), (4, 0.1, "global"), (2, 1.0, "global")]
 BANDWIDTHS = ("none", "1gbit", "100mbit", "10mbit")
@@ -94,12 +96,16 @@ def single_ort(model: str, shape: tuple[int, ...], iters: int, work: Path, sessi
     return _json_run([sys.executable, "-c", SINGLE_ORT, str(path), str(iters), sessions], 3600)
 
 
-def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work: Path) -> Path:
+def export(model: str, shape: tuple[int, ...], setting: tuple, engine: str, work: Path,
+           checkpoint: str | None = None) -> Path:
+    """The split of ``model`` by name (random weights, magnitude links), or the DISCO ``checkpoint``'s own."""
     n, r, budget = setting
-    out = work / f"{model}_n{n}_r{r:g}_{budget}_{engine}"
+    out = work / f"{model}_n{n}_r{r:g}_{budget}_{engine}{'_ckpt' if checkpoint else ''}"
     if not (out / "manifest.json").is_file():
         cmd = [sys.executable, "-m", "disco.cli", "export", model, "--nodes", str(n), "--ratio", str(r),
                "--budget", budget, "--input-shape", ",".join(map(str, shape)), "--out", str(out), "--json"]
+        if checkpoint:
+            cmd = [sys.executable, "-m", "disco.cli", "export", checkpoint, "--out", str(out), "--json"]
         if engine == "onnx":
             cmd += ["--format", "onnx"]
         subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
@@ -140,11 +146,21 @@ EVERY_NODE = [  # (N, ratio, budget, bandwidth, codec): the speed targets' split
     (2, 0.2, "global", "1gbit", "fp16"), (2, 0.2, "global", "100mbit", "fp32"), (2, 1.0, "global", "100mbit", "fp32")]
 
 
-def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str, Any]]:
+def plan(models: list[str], bandwidths: list[str], codec: str, checkpoint: dict[str, Any] | None = None
+         ) -> list[dict[str, Any]]:
     """Every measurement of the run, in order: the dense processes of a model, then its splits (on the wire:
     ``codec``; fp32 also runs the fp16 setting of issue 30's speed target, N=2 r=0.2 at 1 Gbit/s), then the speed
-    targets' splits with the input read by every node (``--input-at every-node``: no input message)."""
+    targets' splits with the input read by every node (``--input-at every-node``: no input message). With
+    ``checkpoint`` (its path, nodes, ratio, budget), the one split of that DISCO checkpoint on each engine."""
     out: list[dict[str, Any]] = []
+    if checkpoint:
+        (m,) = models
+        c = checkpoint
+        out += [{"model": m, "what": "single", "engine": "torch"}]
+        out += [{"model": m, "what": "single", "engine": "onnx", "sessions": s} for s in ("basic", "default")]
+        return out + [{"model": m, "what": "split", "engine": e, "nodes": c["nodes"], "target_ratio": c["ratio"],
+                       "budget": c["budget"], "bandwidth": bw, "codec": codec, "checkpoint": c["path"]}
+                      for e in ENGINES for bw in bandwidths]
     for m in models:
         out += [{"model": m, "what": "single", "engine": "torch"}]
         out += [{"model": m, "what": "single", "engine": "onnx", "sessions": s} for s in ("basic", "default")]
@@ -159,7 +175,7 @@ def plan(models: list[str], bandwidths: list[str], codec: str) -> list[dict[str,
 
 def key(e: dict[str, Any]) -> tuple:
     return tuple(e.get(k) for k in ("model", "what", "engine", "sessions", "nodes", "target_ratio", "budget",
-                                    "bandwidth", "codec", "input_at"))
+                                    "bandwidth", "codec", "input_at", "checkpoint"))
 
 
 def measure(item: dict[str, Any], work: Path, iters: int) -> dict[str, Any]:
@@ -170,7 +186,7 @@ def measure(item: dict[str, Any], work: Path, iters: int) -> dict[str, Any]:
         return {**item, **res}
     setting = (item["nodes"], item["target_ratio"], item["budget"])
     try:
-        folder = export(item["model"], shape, setting, item["engine"], work)
+        folder = export(item["model"], shape, setting, item["engine"], work, item.get("checkpoint"))
     except subprocess.CalledProcessError as e:
         return {**item, "error": f"export: {(e.stderr or b'').decode().strip().splitlines()[-1:]}"}
     return {**item, **split_run(folder, item["nodes"], item["bandwidth"], iters, item["codec"],
@@ -186,6 +202,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "results" / "edge.json"))
     p.add_argument("--work", help="folder for the exports (default: a temporary one)")
     p.add_argument("--pingpong", action="store_true", help="only the transports' ping-pong (results/pingpong.json)")
+    p.add_argument("--checkpoint", help="a DISCO checkpoint of the one model of --models: its own split is measured")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if a.pingpong:
@@ -199,7 +216,17 @@ def main() -> None:
     out = Path(a.out)
     done = json.loads(out.read_text()) if out.is_file() else []
     have = {key(e) for e in done if "error" not in e}
-    todo = [i for i in plan(models, a.bandwidths.split(","), a.codec) if key(i) not in have]
+    ckpt = None
+    if a.checkpoint:
+        from disco.checkpoint import read_metadata
+
+        meta = read_metadata(a.checkpoint)
+        if len(models) != 1 or meta["model"]["name"] != models[0] or not meta.get("disco"):
+            p.error(f"--checkpoint {a.checkpoint} is a {'DISCO' if meta.get('disco') else 'dense'} checkpoint of "
+                    f"{meta['model']['name']}: give it with --models {meta['model']['name']} alone")
+        ckpt = {"path": a.checkpoint, "nodes": meta["disco"]["nodes"], "ratio": round(meta["disco"]["ratio"], 4),
+                "budget": meta["disco"].get("budget", "global")}
+    todo = [i for i in plan(models, a.bandwidths.split(","), a.codec, ckpt) if key(i) not in have]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)

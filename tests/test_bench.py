@@ -149,3 +149,15 @@ def test_floor_replay_waits_for_messages_and_serialises_the_uplink() -> None:
     assert replay([every_node(a), every_node(b)], 8000.0) == pytest.approx(1.5)
     with pytest.raises(RuntimeError, match="deadlock"):
         replay([[["recv", 1, 1, 0, 0.0]], [["recv", 0, 1, 0, 0.0]]], None)
+
+
+def test_edge_plan_of_a_checkpoint_measures_its_own_split() -> None:
+    from bench.edge import key, plan
+
+    ck = {"path": "runs/x.safetensors", "nodes": 2, "ratio": 0.2, "budget": "global"}
+    items = plan(["tf_efficientnet_lite0"], ["none", "100mbit"], "fp32", ck)
+    splits = [i for i in items if i["what"] == "split"]
+    assert len(items) == 3 + 4 and {i["engine"] for i in splits} == {"torch", "onnx"}
+    assert all(i["checkpoint"] == ck["path"] and i["nodes"] == 2 for i in splits)
+    by_name = plan(["tf_efficientnet_lite0"], ["none"], "fp32")
+    assert {key(i) for i in splits}.isdisjoint({key(i) for i in by_name})  # never taken for a by-name split

@@ -96,6 +96,7 @@ def photo_sets(data: str, calib: int, seed: int) -> tuple[Any, Any, Any]:
 
 
 def batches_of(photos: Any, pre: dict[str, Any], size: int = 224, bs: int = 32) -> Any:
+    import torch
     import torch.nn.functional as F
 
     from disco.data.imagenet import normalize
@@ -105,7 +106,7 @@ def batches_of(photos: Any, pre: dict[str, Any], size: int = 224, bs: int = 32) 
             x = normalize(photos.images[i:i + bs], pre["mean"], pre["std"])
             if x.shape[-1] != size:
                 x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-            yield x
+            yield x.contiguous(memory_format=torch.channels_last)
     return gen
 
 
@@ -182,8 +183,18 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
     part = partition(copy.deepcopy(dense), INPUT, s.nodes)
     student = copy.deepcopy(dense)
     dm = DiscoModel(student, part)
+    for m in (dm, dense):  # channels-last: the depthwise convolutions run about 1.6x faster on the CPU
+        m.to(memory_format=torch.channels_last)
     t0 = time.perf_counter()
-    if s.ratio == 0:
+    ck = out / "reconstructed.safetensors"
+    if ck.is_file():  # the kept set the reconstruction was made for
+        from disco.checkpoint import load_checkpoint
+
+        saved = load_checkpoint(ck)
+        if saved.disco["fingerprint"] != part.fingerprint():
+            raise RuntimeError(f"{ck} was made for another partition; delete {out} to start this run over")
+        kept = saved.kept()
+    elif s.ratio == 0:
         kept = part.no_links()
     else:
         caps = CAPS if s.budget == "joint" else {}
@@ -197,6 +208,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
             "flops_ratio": round(rep.flops_total / rep.flops_dense, 4),
             "weights_per_node_ratio": round(max(rep.params_per_node) / rep.params_dense, 4)}
     log = logging.getLogger("recipes.pretrained")
+    tags = {"budget": s.budget, "selection": s.selection}
 
     def done(stage: str, model: Any, images: int, extra: dict[str, Any] | None = None) -> None:
         t = time.perf_counter()
@@ -213,13 +225,12 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
         recalibrate_bn(dm, cal)
         done("recalibrated", dm, 0)
         dm.load_state_dict(saved)
-    ck = out / "reconstructed.safetensors"
     if "reconstructed" in todo or ("finetuned" in todo and not ck.is_file()):
         t = time.perf_counter()
         errs = reconstruct(dm, dense, cal, ridge=args.ridge)
         secs = round(time.perf_counter() - t, 1)
         worst = max(errs.items(), key=lambda kv: kv[1][1]) if errs else None
-        save_disco(dm, ck, {"name": MODEL, "kwargs": {}}, task="imagenet1k",
+        save_disco(dm, ck, {"name": MODEL, "kwargs": {}}, task="imagenet1k", extra=tags,
                    info={"preprocess": pre, "stage": "reconstructed", "seed": seed})
         if "reconstructed" in todo:
             done("reconstructed", dm, 0, {"reconstruct_seconds": secs, "layers_refit": len(errs),
@@ -238,8 +249,8 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
         from disco.models import classifier_head
 
         cfg = FinetuneConfig(images=args.images, size=args.size, lr=args.lr, beta=args.beta)
-        res = distill(dm, dense, classifier_head(dense), fit, guard, pre, cfg, seed, out / "distill.state.pt")
-        save_disco(dm, out / "finetuned.safetensors", {"name": MODEL, "kwargs": {}}, task="imagenet1k",
+        res = distill(dm.model, dense, classifier_head(dense), fit, guard, pre, cfg, seed, out / "distill.state.pt")
+        save_disco(dm, out / "finetuned.safetensors", {"name": MODEL, "kwargs": {}}, task="imagenet1k", extra=tags,
                    info={"preprocess": pre, "stage": "finetuned", "seed": seed, "finetune": asdict(cfg)})
         done("finetuned", dm, res["train_images_seen"], {"curve": res["curve"], "stopped": res["stopped"],
                                                         "best_images": res["best_images"],
