@@ -51,6 +51,7 @@ class OwnershipBuilder(Builder):
         self.csplit: dict[fx.Node, tuple[int, ...]] = {}  # channels spread over dims cdim.. with these sizes
         self.gathers: dict[fx.Node, tuple[fx.Node, np.ndarray]] = {}  # channel selections/permutations
         self.parts: dict[fx.Node, list[tuple[fx.Node, np.ndarray | None]]] = {}  # pieces of chunk/split
+        self.pinned: dict[fx.Node, int] = {}  # replicated tensors read per channel along this dim (see pin)
 
     # queries
     def shape(self, node: fx.Node) -> tuple[int, ...] | None:
@@ -102,6 +103,15 @@ class OwnershipBuilder(Builder):
     def couple_atoms(self, xa: np.ndarray, xb: np.ndarray) -> None:
         both = (xa != REPLICATED) & (xb != REPLICATED)
         self.uf.union(xa[both], xb[both])
+
+    def pin(self, node: fx.Node, reader: fx.Node, dim: int) -> None:
+        """Replicated tensor ``node`` is read by ``reader`` with one entry per channel along ``dim`` (a bias per
+        head, a class token): every rank holds it whole and reads the entries of its own channels there."""
+        if self.pinned.get(node, dim) != dim or (node.op == "placeholder" and dim != self.cdim[node]):
+            self.unsupported(reader, f"reads the replicated tensor '{node.name}' per channel along dim {dim}, "
+                                     f"which another op reads along dim {self.pinned.get(node, self.cdim[node])}")
+        self.pinned[node] = dim
+        self.set(node, self.replicated_atoms(self.shape(node)[dim]), dim)
 
     def unsupported(self, node: fx.Node, why: str) -> None:
         raise unsupported(node, self.gm, why)

@@ -20,7 +20,7 @@ from torch import fx, nn
 
 from .builder import OwnershipBuilder
 from .capture import capture
-from .errors import describe, refusal
+from .errors import UnsupportedOpError, describe, refusal
 from .registry import rule_for, uncovered_base
 from .types import REPLICATED, Links, MixingLayer, Partition, Rule, WeightView, shape_of, tensor_args
 
@@ -124,25 +124,51 @@ def _infer_ownership(b: OwnershipBuilder, param_nodes: set[str]) -> dict[str, Ru
     for node in b.gm.graph.nodes:
         shp = shape_of(node)
         if node.op in ("placeholder", "get_attr"):
-            if shp is None or node.name in param_nodes:
+            if shp is None or node.name in param_nodes or len(shp) == 0:
                 b.set_static(node)
-            else:  # replicated: channels along dim 1 (images), the last dim for B x T x D tokens
-                cd = len(shp) - 1 if (len(shp) == 3 or len(shp) < 2) else 1
-                b.set(node, np.full(shp[cd], REPLICATED), cd)
+            else:
+                _set_replicated(b, node, shp)
             continue
         if node.op == "output":
             continue
-        rule = _rule_of(b, node)
+        ins = tensor_args(node, b)
+        # an op of tensors every node holds whole (a bias table indexed by a buffer) may be computed whole by each
+        whole = shp is not None and bool(ins) and all(b.replicated(a) for a in ins) and node.op != "call_module"
+        rule = rule_for(node, b.gm) if whole else _rule_of(b, node)
+        if rule is None and whole:
+            _set_replicated(b, node, shp)
+            rules[node.name] = REPLICATED_OP
+            continue
         if rule is None:
             b.set_static(node)  # arithmetic on sizes and flags: computed on every node
             continue
-        split = [a.name for a in tensor_args(node, b) if a in b.csplit]
+        split = [a.name for a in ins if a in b.csplit]
         if split and not rule.reads_split_channels:
             b.unsupported(node, f"reads {split[0]}, whose channels span several dims (a channel permutation "
                                 "must end in a view that merges them back)")
-        rule.infer(b, node, rule.module_of(node, b.gm))
+        try:
+            rule.infer(b, node, rule.module_of(node, b.gm))
+        except UnsupportedOpError:
+            if not whole or rule.is_mixing or rule.kind == "split":
+                raise
+            _set_replicated(b, node, shp)  # e.g. indexing by a tensor, which the rule refuses on split tensors
+            rules[node.name] = REPLICATED_OP
+            continue
         rules[node.name] = b.rule_of.get(node, rule)
     return rules
+
+
+def _set_replicated(b: OwnershipBuilder, node: fx.Node, shp: tuple[int, ...]) -> None:
+    """A tensor every node holds whole: channels along dim 1 (images), the last dim for B x T x D tokens (a
+    channel-local op that reads it per channel pins the dim it reads: :meth:`OwnershipBuilder.pin`)."""
+    if len(shp) == 0:
+        b.set_static(node)
+        return
+    cd = len(shp) - 1 if (len(shp) == 3 or len(shp) < 2) else 1
+    b.set(node, np.full(shp[cd], REPLICATED), cd)
+
+
+REPLICATED_OP = Rule()  # the rule of an op computed whole on every node (every tensor it reads is replicated)
 
 
 def _rule_of(b: OwnershipBuilder, node: fx.Node) -> Rule | None:

@@ -24,6 +24,7 @@ _MODULE_RULES: dict[type | str, Rule] = {}
 _FUNCTION_RULES: dict[Callable[..., Any] | str, Rule] = {}
 _METHOD_RULES: dict[str, Rule] = {}
 _DECOMPOSITIONS: dict[type, Callable[..., Any]] = {}
+_TRACE_THROUGH: set[str] = set()
 
 
 def _register(table: dict[Any, R], keys: tuple[Any, ...]) -> Callable[[R], R]:
@@ -60,6 +61,18 @@ def register_method_rule(*names: str) -> Callable[[Rule], Rule]:
 def register_decomposition(*types: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``fn(module, *args, **kwargs)``: how the tracer sees a call of such a module."""
     return _register(_DECOMPOSITIONS, types)
+
+
+def register_trace_through(*names: str) -> None:
+    """Functions that their library hides from torch.fx (``torch.fx.wrap``: one opaque call in the graph) which
+    the tracer traces through instead, given as ``"package.module.function"`` (torchvision's
+    ``shifted_window_attention``): their tensor ops then meet the rules one by one."""
+    _TRACE_THROUGH.update(names)
+
+
+def traced_through() -> frozenset[str]:
+    """The names registered with :func:`register_trace_through`."""
+    return frozenset(_TRACE_THROUGH)
 
 
 def _by_mro(table: dict[type, R], t: type) -> R | None:

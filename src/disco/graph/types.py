@@ -103,6 +103,9 @@ class Builder(Protocol):
     def couple_atoms(self, xa: np.ndarray, xb: np.ndarray) -> None:
         """Atoms ``xa[k]`` and ``xb[k]`` get the same owner (replicated ones excepted)."""
 
+    def pin(self, node: fx.Node, reader: fx.Node, dim: int) -> None:
+        """Replicated tensor ``node`` is read by ``reader`` per channel along ``dim`` (each rank reads its own)."""
+
     def unsupported(self, node: fx.Node, why: str) -> None:
         """Refuse ``node`` (raises :class:`~disco.errors.UnsupportedOpError` naming it and ``why``)."""
 
@@ -272,8 +275,9 @@ class MixingLayer:
         rows, those rows x (the local input columns, the received ones). A depthwise layer is one block.
         The one walk over a layer's blocks: the rank plans, the shards and the cost model all use it."""
         rows = np.nonzero(self.out_owner == rank)[0]
-        if self.depthwise:
-            return [WeightBlock(0, rows, local_index(self.in_owner, rank), np.zeros(0, dtype=np.int64), True)]
+        if self.depthwise:  # none on a rank without output channels here (a chunk that another rank owns)
+            return [WeightBlock(0, rows, local_index(self.in_owner, rank), np.zeros(0, dtype=np.int64), True)
+                    ] if len(rows) else []
         cl = self.col_link[rank]
         allowed = self.allowed(kept)[rank]
         og, ig = len(self.out_owner) // self.groups, self.col_link.shape[1] // self.groups

@@ -36,10 +36,10 @@ class Elementwise(Rule):
                 if not b.replicated(other):
                     b.unsupported(node, "broadcasts a node-owned tensor over the channels of another")
                 continue
-            if other.op == "get_attr" and b.cdim[other] != d and shp[d] == len(b.atoms[main]):
-                # a parameter with one entry per channel of ``main`` (ConvNeXt's layer scale, C x 1 x 1):
-                # every node holds it and reads the entries of its own channels
-                b.set(other, b.replicated_atoms(shp[d]), d)
+            if b.replicated(other) and shp[d] == len(b.atoms[main]):
+                # a replicated tensor with one entry per channel of ``main`` (ConvNeXt's layer scale, C x 1 x 1; a
+                # bias per attention head): every node holds it and reads the entries of its own channels
+                b.pin(other, node, d)
             b.couple(node, main, other)
         b.set(node, b.atoms[main], cdim)
 

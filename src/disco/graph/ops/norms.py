@@ -116,6 +116,10 @@ class L2NormRule(Reduce):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         p, dim = (arg(node, 1, "p", 2.0), arg(node, 2, "dim", 1)) if module is None else (2, module.dim)
+        if module is None and isinstance(dim, int) and dim % len(b.shape(x)) != b.cdim[x]:
+            _NORMALIZE_LOCAL.infer(b, node, module)  # over another dim (the features of a head): channel-local
+            b.use_rule(node, _NORMALIZE_LOCAL)
+            return
         if p != 2 or dim % len(b.shape(x)) != b.cdim[x]:
             b.unsupported(node, "normalises other than the L2 norm over the channel dim")
         Local.infer(self, b, node, module)
@@ -136,6 +140,7 @@ class L2NormRule(Reduce):
         return y
 
 
+_NORMALIZE_LOCAL = Local(flops=3)  # F.normalize over a dim other than the channel dim
 register_module_rule(nn.LayerNorm, "timm.layers.norm.LayerNorm")(Reduce(flops=5))
 register_module_rule("torchvision.models.convnext.LayerNorm2d", "timm.layers.norm.LayerNorm2d")(
     ChannelsFirstLayerNorm(flops=5))

@@ -15,6 +15,8 @@ from torch import fx, nn
 from ..registry import register_function_rule, register_method_rule, register_module_rule
 from ..types import Builder, Rule, tensor_args
 from .base import Local, Static, arg
+from .heads import unbound_cdim
+from .reshape import permutation, permutes_channels_only, reshape_channels
 from .windows import kept_channel_dim
 
 
@@ -73,6 +75,8 @@ class Cat(Rule):
             for other in ins:
                 if other is not main and not b.replicated(other):
                     b.couple(node, main, other)
+                elif other is not main and b.shape(other)[cdim] == len(b.atoms[main]) > 1:
+                    b.pin(other, node, cdim)  # a class token: each node joins its own channels of it
             b.set(node, b.atoms[main], cdim)
             b.use_rule(node, _CAT_LOCAL)
 
@@ -99,12 +103,15 @@ class Flatten(_Viewing):
             b.set_view(node, [(x, np.arange(n_ch))], kept)
             return
         k = len(t) - len(s) + 1
-        if k > 1 and t[:c] == s[:c] and t[c + k:] == s[c + 1:] and math.prod(t[c:c + k]) == s[c]:
-            b.set_gather(node, x, np.arange(n_ch), c, tuple(t[c:c + k]), rule=GATHER)  # the channel dim split in k dims
+        if k > 1 and t[:c] == s[:c] and t[c + k:] == s[c + 1:] and math.prod(t[c:c + k]) == s[c] \
+                and permutes_channels_only(node, c, c + k):  # a channel shuffle: the channel dim split in k dims
+            b.set_gather(node, x, np.arange(n_ch), c, tuple(t[c:c + k]), rule=GATHER)
             return
         span = _merged_span(s, t)
-        if span is None:
-            b.unsupported(node, f"reshapes {s} -> {t}, which is not a flatten of consecutive dims")
+        if span is None:  # any other reshape (heads, unfolds): followed as data
+            if not reshape_channels(b, node, x):
+                b.unsupported(node, f"reshapes {s} -> {t}, whose dims do not pair up into blocks")
+            return
         lo, hi = span
         if c < lo:
             b.set_view(node, [(x, np.arange(n_ch))], c)
@@ -138,13 +145,7 @@ class Transpose(Rule):
     def infer(self, b: Builder, node: fx.Node, module: nn.Module | None) -> None:
         x = tensor_args(node, b)[0]
         rank, c = len(b.shape(x)), b.cdim[x]
-        if node.target in ("permute", torch.permute):
-            p = node.args[1:] if not isinstance(node.args[1], (tuple, list)) else node.args[1]
-            perm = [int(d) % rank for d in p]
-        else:
-            d0, d1 = (int(d) % rank for d in node.args[1:3])
-            perm = list(range(rank))
-            perm[d0], perm[d1] = d1, d0
+        perm = permutation(node, rank)
         if x in b.csplit:  # a permutation of the channels: the dims they span are reordered among themselves
             sizes = b.csplit[x]
             span = list(range(c, c + len(sizes)))
@@ -169,7 +170,7 @@ class GetItem(Rule):
         if isinstance(x, fx.Node) and x in b.parts:  # a piece of a chunk / split
             src, sel = b.parts[x][node.args[1]]
             if sel is None:  # split along another dim: the piece holds every channel
-                b.set(node, b.atoms[src], b.cdim[src])
+                b.set(node, b.atoms[src], unbound_cdim(x, b.cdim[src], len(b.shape(src))))
             else:
                 b.set_gather(node, src, sel, b.cdim[src], rule=GATHER)
             return
@@ -177,6 +178,9 @@ class GetItem(Rule):
             Static().infer(b, node, module)
             return
         idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if idx.count(Ellipsis) == 1 and not any(i is None for i in idx):  # x[..., ::2, :]: every dim named
+            k = idx.index(Ellipsis)
+            idx = idx[:k] + (slice(None),) * (len(b.shape(x)) - len(idx) + 1) + idx[k + 1:]
         if any(i is Ellipsis or i is None or isinstance(i, fx.Node) for i in idx):
             b.unsupported(node, "indexes a feature tensor with ..., None or a tensor")
         c = b.cdim[x]
@@ -274,8 +278,8 @@ register_function_rule(torch.flatten, torch.reshape)(Flatten())
 register_function_rule(F.dropout, F.dropout2d)(View())
 register_function_rule(getattr, torch._assert, fx._symbolic_trace._assert_is_none)(Static())
 register_function_rule(operator.getitem)(GetItem())
-register_function_rule(torch.transpose, torch.permute)(Transpose())
-register_method_rule("transpose", "permute")(Transpose())
-register_method_rule("flatten", "view", "reshape")(Flatten())
+register_function_rule(torch.transpose, torch.permute, torch.swapaxes, torch.swapdims)(Transpose())
+register_method_rule("transpose", "permute", "swapaxes", "swapdims")(Transpose())
+register_method_rule("flatten", "view", "reshape", "reshape_as", "view_as")(Flatten())
 register_method_rule("contiguous")(View())
 register_method_rule("size", "dim")(Static())

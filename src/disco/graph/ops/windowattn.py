@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
-from ..registry import register_decomposition, register_function_rule
+from ..registry import register_decomposition, register_function_rule, register_trace_through
 from .attention import HeadsRule
 from .base import Local, tensor_args
 
@@ -92,3 +92,9 @@ try:  # timm is optional
     register_decomposition(_WindowAttention)(_timm_window_attention)
 except ImportError:  # pragma: no cover
     pass
+
+
+# torchvision's Swin (v1) attention is one fx-wrapped function: traced through, its window partition, heads
+# (reshape + permute), relative position bias and shifted-window mask meet the rules of views, heads and constants
+register_trace_through("torchvision.models.swin_transformer.shifted_window_attention",
+                       "torchvision.models.swin_transformer._patch_merging_pad")
