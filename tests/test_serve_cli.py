@@ -56,6 +56,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_disco_serve_restarts_a_killed_node_and_stops_cleanly(tmp_path: Path) -> None:
+    """SIGKILL rank 1: restarted, it rejoins (rank 0 untouched); SIGKILL rank 0: the group starts again; exact
+    after each; SIGTERM to disco serve: exit 0, no process left."""
     d = build(tmp_path)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -72,7 +74,14 @@ def test_disco_serve_restarts_a_killed_node_and_stops_cleanly(tmp_path: Path) ->
         code, _, raw = http(url + "/v2/models/toy/infer", json.dumps(body).encode())
         got = np.asarray(json.loads(raw)["outputs"][0]["data"], np.float32).reshape(x.shape)
         assert code == 200 and np.allclose(got, toy_model(x), rtol=1e-5, atol=1e-6)
-        pids = [n["pid"] for n in st["nodes"]]
+        old = [n["pid"] for n in st["nodes"]]
+        os.kill(old[0], signal.SIGKILL)  # the leader's end ends the group: it is started again as a whole
+        st = _wait(lambda: (s := _stats(url, "toy")).get("ready") and all(
+            n.get("pid") not in (None, *old) for n in s["nodes"]) and s)
+        code, _, raw = http(url + "/v2/models/toy/infer", json.dumps(body).encode())
+        got = np.asarray(json.loads(raw)["outputs"][0]["data"], np.float32).reshape(x.shape)
+        assert code == 200 and np.allclose(got, toy_model(x), rtol=1e-5, atol=1e-6)
+        pids = old + [n["pid"] for n in st["nodes"]]
     finally:
         sup.send_signal(signal.SIGTERM)
         _, err = sup.communicate(timeout=60)
