@@ -5,17 +5,23 @@ timm's ``head_init_scale``) would pass any split: its reference output is the sa
 computes. The *spread* of a tensor is how much it changes between two probe inputs, relative to its size
 (:func:`spread`); below :data:`SPREAD_THRESHOLD` the tensor is *constant* and proves nothing.
 
-Where the output is constant the proof compares instead the last non-constant tensors of the model's own
-forward (forward hooks on its mixing layers, never our graph of it): the inputs of the constant mixing
-layers at the end (the head's input) and the output of the last mixing layer whose output is not constant;
-each assembled from every rank's part. Where nothing non-constant can be compared the export is refused.
+Where the output is constant the network is first made informative for the proof only: its BatchNorm
+statistics re-estimated on random inputs (:func:`recalibrated_bn`; a random-init network often goes constant a
+few layers in), and where the output then varies the split is proved on it. Otherwise the proof compares the
+deepest non-constant tensors of the model's own forward (forward hooks on its mixing layers, never our graph of
+it): the inputs of the constant mixing layers at the end (the head's input) and the output of the last mixing
+layer whose output is not constant; each assembled from every rank's part. Where nothing non-constant can be
+compared the export is refused. The summary says how deep the compared tensors are (``depth``: mixing layer k
+of L) and whether the statistics were recalibrated.
 The manifest's ``proof`` field records what was compared and its spread (:func:`proof_summary`), and
 ``disco run`` reports no error against a constant reference (:func:`run_error`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,25 +150,101 @@ def prove_targets(part: Partition, kept: np.ndarray, probe: Tensor, targets: lis
     return max(t.err for t in targets)
 
 
+@contextlib.contextmanager
+def recalibrated_bn(model: nn.Module, probe: Tensor, batches: int = 4, batch: int = 8) -> Iterator[bool]:
+    """For the proof only: every BatchNorm's running statistics re-estimated on random inputs like ``probe`` (a
+    random-init network whose statistics do not fit its activations goes constant a few layers in), restored on
+    exit. Yields whether the model has any BatchNorm. The split reads the same modules (its graph shares them),
+    so it computes with the same statistics; what the export writes is cut from the model after the restore."""
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    saved = [(m, m.momentum, {k: v.clone() for k, v in m._buffers.items() if v is not None}) for m in bns]
+    was_training = model.training
+    try:
+        if bns:
+            for m in bns:
+                m.reset_running_stats()
+                m.momentum = None  # a cumulative average over the batches
+            g = torch.Generator().manual_seed(4321)
+            std = float(probe.std()) if probe.numel() > 1 and float(probe.std()) > 0 else 1.0
+            model.train()
+            with torch.no_grad():
+                for _ in range(batches):
+                    model(torch.randn((batch, *probe.shape[1:]), generator=g, dtype=probe.dtype) * std + probe.mean())
+            model.eval()
+        yield bool(bns)
+    finally:
+        for m, momentum, bufs in saved:
+            m.momentum = momentum
+            for k, v in bufs.items():
+                m._buffers[k].copy_(v)
+        model.train(was_training)
+
+
+def _depth(part: Partition, targets: list[Target]) -> dict[str, Any]:
+    """How deep the deepest compared tensor is: its mixing layer's position among the model's mixing layers."""
+    order = {ly.node: k for k, ly in enumerate(part.layers)}
+    order.update({ly.input: k for k, ly in enumerate(part.layers) if ly.input not in order})
+    k, t = max(((order.get(t.node, -1), t) for t in targets), key=lambda kt: kt[0])
+    return {"layer": k + 1, "of": len(part.layers), "tensor": t.what}
+
+
 def constant_output_proof(model: nn.Module, part: Partition, kept: np.ndarray, probe: Tensor, out_spread: float,
                           tol: float) -> dict[str, Any]:
-    """The proof where the model's output is constant: compare the last non-constant tensors instead.
-    Refuses (:class:`RefusedError`) when there is none, or when one differs by more than ``tol``."""
-    targets = informative_targets(model, part, probe)
-    if not targets:
-        raise RefusedError(
-            f"refusing to export: the model's output does not depend on its input (spread {out_spread:.1e} between "
-            f"two probe inputs, below {SPREAD_THRESHOLD:g}; e.g. a zero-initialised head) and no mixing layer "
-            "before it has an input or output that does: nothing non-constant to prove the split on")
-    err = prove_targets(part, kept, probe, targets)
+    """The proof where the model's output is constant. First the network is made informative for the proof only
+    (:func:`recalibrated_bn`): where its output then varies, the split is proved on the output; otherwise on the
+    deepest tensors that vary, with or without the recalibration, whichever reaches deeper. Refuses
+    (:class:`RefusedError`) when nothing varies, or when a compared tensor differs by more than ``tol``. The
+    summary says which tensors were compared and how deep they are."""
+    from .local import simulate
+
+    with recalibrated_bn(model, probe) as has_bn:
+        if has_bn:
+            with torch.no_grad():
+                ref = output_leaves(model(probe))
+                spread_now = output_spread(model, probe, {str(k): t for k, t in enumerate(ref)})
+            if spread_now >= SPREAD_THRESHOLD:
+                out, _ = simulate(part, kept, probe, timeout=600.0)
+                err = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                          for a, b in zip(output_leaves(out), ref, strict=True))
+                if err > tol:
+                    raise RefusedError(
+                        f"refusing to export: the split differs from the model's own forward at its output (max rel. "
+                        f"error {err:.2e} > {tol:g}), proved with BatchNorm statistics recalibrated on random inputs "
+                        f"(the output with the model's own statistics is constant, spread {out_spread:.1e})")
+                log.warning("the model's output does not depend on its input (spread %.1e): the split was proved on "
+                            "its output with BatchNorm statistics recalibrated on random inputs (spread %.1e, max "
+                            "rel. error %.2e)", out_spread, spread_now, err)
+                summary = proof_summary(out_spread, [Target("output", "output", ref[0], spread_now, err)], err)
+                summary.update(recalibrated_bn=True, depth={"layer": len(part.layers), "of": len(part.layers),
+                                                            "tensor": "output"})
+                return summary
+            deep = informative_targets(model, part, probe)
+            deep_err = prove_targets(part, kept, probe, deep) if deep else float("nan")
+    plain = informative_targets(model, part, probe)
+    if has_bn and deep and (not plain or _depth(part, deep)["layer"] > _depth(part, plain)["layer"]):
+        targets, err, recal = deep, deep_err, True
+    else:
+        targets, recal = plain, False
+        if not targets:
+            raise RefusedError(
+                f"refusing to export: the model's output does not depend on its input (spread {out_spread:.1e} "
+                f"between two probe inputs, below {SPREAD_THRESHOLD:g}; e.g. a zero-initialised head) and no mixing "
+                "layer before it has an input or output that does, even with its BatchNorm statistics recalibrated: "
+                "nothing non-constant to prove the split on")
+        err = prove_targets(part, kept, probe, targets)
     worst = max(targets, key=lambda t: t.err)
+    how = " with BatchNorm statistics recalibrated on random inputs" if recal else ""
     if err > tol:
         raise RefusedError(f"refusing to export: the split differs from the model's own forward at the {worst.what} "
-                           f"(node '{worst.node}', max rel. error {err:.2e} > {tol:g}); the model's output is "
+                           f"(node '{worst.node}', max rel. error {err:.2e} > {tol:g}){how}; the model's output is "
                            f"constant (spread {out_spread:.1e}), so it was compared there")
-    log.warning("the model's output does not depend on its input (spread %.1e): the split was proved on %s "
-                "(max rel. error %.2e)", out_spread, ", ".join(t.what for t in targets), err)
-    return proof_summary(out_spread, targets, err)
+    depth = _depth(part, targets)
+    log.warning("the model's output does not depend on its input (spread %.1e): the split was proved on %s%s, "
+                "mixing layer %d of %d (max rel. error %.2e)", out_spread, ", ".join(t.what for t in targets), how,
+                depth["layer"], depth["of"], err)
+    summary = proof_summary(out_spread, targets, err)
+    summary.update(recalibrated_bn=recal, depth=depth)
+    return summary
 
 
 def proof_summary(out_spread: float, targets: list[Target] | None, err: float) -> dict[str, Any]:
