@@ -100,7 +100,7 @@ def partition(model: nn.Module, example: torch.Tensor | tuple[int, ...], nodes: 
         cdim={n.name: c for n, c in b.cdim.items()}, base=t.base, base_names=t.base_names, layers=layers,
         links=links, link_tensors=link_tensors, rules=rules, param_nodes=frozenset(param_nodes), shares=shares,
         gathers={n.name: (src.name, idx) for n, (src, idx) in b.gathers.items()},
-        relay=relay, relayed=frozenset(n.name for n in t.relayed),
+        relay=relay, relayed=frozenset(n.name for n in t.relayed), shape_guards=tuple(gm.meta.get("shape_guards", ())),
     )
     log.info("partitioned %s over %d nodes: %d mixing layers, %d links", type(model).__name__, nodes,
              len(layers), len(links))

@@ -340,6 +340,7 @@ class Partition:
     relay: bool = False  # exchange placement: see :func:`partition`
     relayed: frozenset[str] = frozenset()  # channel-local ops that receivers apply to the channels they receive
     shares: tuple[float, ...] | None = None  # node j's share of every layer's channels (None: equal)
+    shape_guards: tuple[str, ...] = ()  # branches on the input's shape resolved at capture ('file:line -> True')
 
     def received_masks(self, kept: np.ndarray, rank: int) -> dict[str, np.ndarray]:
         """Per link tensor: [channels] bool, which channels node ``rank`` receives with links ``kept``."""
