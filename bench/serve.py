@@ -299,9 +299,13 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     shape = [int(v) for v in a.shape.split(",")]
     data = json.loads(a.out.read_text()) if a.out.is_file() else {"runs": []}
+    old = data.get("setup", {})
+    runs = old.get("commands") or ([{k: old[k] for k in ("command", "load_average_at_start")}] if "command" in old
+                                   else [])
+    runs.append({"command": "python -m bench.serve " + " ".join(sys.argv[1:]),
+                 "load_average_at_start": [round(v, 2) for v in os.getloadavg()]})
     data["setup"] = {"model": a.model, "input_shape": shape, "nodes": 2, "ratio": a.ratio, "pool_inputs": POOL,
-                     "host_cpus": os.cpu_count(), "command": "python -m bench.serve " + " ".join(sys.argv[1:]),
-                     "load_average_at_start": list(os.getloadavg())}
+                     "host_cpus": os.cpu_count(), "commands": runs}
     have = {json.dumps(e["key"], sort_keys=True) for e in data["runs"]}
 
     def save(key: dict[str, Any], entry: dict[str, Any]) -> None:

@@ -120,12 +120,14 @@ def section(data: dict) -> str:
     """The generated part of docs/serving.md."""
     s = data.get("setup", {})
     n_req = sorted({e["requests"] for e in _runs(data, "load")})
-    load = ", ".join(f"{v:.1f}" for v in s.get("load_average_at_start", []))
+    runs = s.get("commands") or [{"command": s.get("command"), "load_average_at_start": s.get(
+        "load_average_at_start", [])}]
+    how = "; ".join(f"`{r['command']}` (load average {', '.join(f'{v:.1f}' for v in r['load_average_at_start'])} "
+                    "at its start)" for r in runs)
     head = (f"{s.get('model')} {'x'.join(map(str, s.get('input_shape', [])[1:]))}, N={s.get('nodes')}, "
             f"r={s.get('ratio')}, {s.get('pool_inputs')} different inputs cycled by the clients; "
-            f"{', '.join(map(str, n_req))} requests per load run; measured with `{s.get('command')}` on a "
-            f"{s.get('host_cpus')}-core host (load average {load} at the start: other jobs shared the cores, so "
-            "the absolute figures are pessimistic).")
+            f"{', '.join(map(str, n_req))} requests per load run; measured on a {s.get('host_cpus')}-core host "
+            f"that other jobs shared (the absolute figures are pessimistic) with {how}.")
     parts = [head, "", _load_table(data), "", "Fault runs (SIGKILL of rank 1 after 3 s of load, the same command "
              "again 2 s later; the clients go on until the group is ready again, and wait 0.1 s after a failed "
              "request):", "", _fault_table(data), "", "Targets of issue 41:", ""]
