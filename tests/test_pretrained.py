@@ -251,3 +251,19 @@ def test_pretrained_page_states_each_target() -> None:
     assert row is not None and row[3] == "87.30" and row[4].startswith("75.00 ± 0.00 (activation, finetuned, 1 seed)")
     missed = [dense, _entry("n2_r0.2", "finetuned", 0, 70.0)]
     assert "**missed** by 10.00" in verdicts(missed)
+
+
+def test_reconstruction_of_every_layer_absorbs_upstream_error() -> None:
+    dense, dm = _cut()
+    _, dm_cut = _cut()
+    torch.manual_seed(1)
+    cal = [torch.randn(32, 3, 8, 8) for _ in range(4)]
+    rep_all = reconstruct(dm, dense, lambda: cal, ridge=1e-3, layers="all", progress=False)
+    rep_cut = reconstruct(dm_cut, dense, lambda: cal, ridge=1e-3, layers="cut", progress=False)
+    assert set(rep_cut) <= set(rep_all)
+    test = torch.randn(64, 3, 8, 8)
+    with torch.no_grad():
+        err = {k: float((m(test) - dense(test)).norm() / dense(test).norm()) for k, m in (("all", dm), ("cut", dm_cut))}
+    assert err["all"] <= err["cut"] * 1.05
+    with pytest.raises(ValueError, match="layers must be"):
+        reconstruct(dm, dense, lambda: cal, layers="some")

@@ -8,6 +8,8 @@
 - **Loss**: KL(teacher || student) on the 1000-way outputs at temperature ``T`` plus ``beta`` times the mean
   squared error of the pooled features (the classifier's input), normalised by the teacher's: features carry
   what the network knows of every class, not only the classes of the photos at hand.
+- **AdamW** at 1e-4 with a cosine decay: SGD diverges here even at 5e-4 (gradient norms near 200 at the
+  start, amplified by frozen batch norms of channels with tiny variance).
 - **Batch norm frozen** (running statistics from the calibration, affine parameters trained): small batches of
   crops at another resolution would otherwise rewrite the statistics.
 - **The guard** (no photo of either evaluation set): every ``guard_every`` images, top-1 agreement with the
@@ -42,8 +44,8 @@ class FinetuneConfig:
     images: int = 15000  # images seen
     batch_size: int = 32
     size: int = 160
-    lr: float = 0.005
-    weight_decay: float = 1e-5
+    lr: float = 1e-4  # AdamW: SGD at 5e-4 already diverges (gradient norms near 200 at the start, through the
+    weight_decay: float = 0.0  # frozen batch norms of channels with tiny variance); measured in the closing note
     temperature: float = 2.0
     beta: float = 1.0  # weight of the feature loss
     mix: float = 0.5  # probability of CutMix or mixup per batch
@@ -131,7 +133,7 @@ def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, gua
     for m in (student, teacher):  # channels-last: about 1.4x faster forward and backward on the CPU here
         m.to(memory_format=torch.channels_last)
     params = [p for p in student.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, nesterov=True, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps = max(1, cfg.images // cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     t_pred, t_share = _guard_preds(teacher, guard, pre, cfg.size)

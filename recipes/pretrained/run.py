@@ -50,6 +50,7 @@ class Setting:
     ratio: float
     budget: str = "global"
     selection: str = "activation"  # activation (calibration-weighted magnitude), magnitude or random
+    refit: str = "cut"  # reconstruct only the 1x1 convolutions and linear layers that lost links, or "all" of them
 
 
 SETTINGS = {
@@ -60,6 +61,7 @@ SETTINGS = {
     "n4_r0.1_random": Setting(4, 0.1, selection="random"),
     "n2_r0": Setting(2, 0.0, selection="separated"),
     "n2_r0.2_magnitude": Setting(2, 0.2, selection="magnitude"),
+    "n2_r0.2_refitall": Setting(2, 0.2, refit="all"),
 }
 
 
@@ -202,7 +204,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
     dm.set_kept(kept)
     rep = estimate(dm)
     base = {"name": name, "model": MODEL, "nodes": s.nodes, "target_ratio": s.ratio, "ratio": round(rep.ratio, 4),
-            "budget": s.budget, "selection": s.selection, "seed": seed, "calib_photos": len(calib),
+            "budget": s.budget, "selection": s.selection, "refit": s.refit, "seed": seed, "calib_photos": len(calib),
             "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
             "params_dense": rep.params_dense, "bytes": rep.bytes, "dense_bytes": rep.dense_bytes,
             "flops_ratio": round(rep.flops_total / rep.flops_dense, 4),
@@ -227,7 +229,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
         dm.load_state_dict(saved)
     if "reconstructed" in todo or ("finetuned" in todo and not ck.is_file()):
         t = time.perf_counter()
-        errs = reconstruct(dm, dense, cal, ridge=args.ridge)
+        errs = reconstruct(dm, dense, cal, ridge=args.ridge, layers=s.refit)
         secs = round(time.perf_counter() - t, 1)
         worst = max(errs.items(), key=lambda kv: kv[1][1]) if errs else None
         save_disco(dm, ck, {"name": MODEL, "kwargs": {}}, task="imagenet1k", extra=tags,
@@ -299,7 +301,7 @@ def main() -> None:
     p.add_argument("--ridge", type=float, default=1e-2)
     p.add_argument("--images", type=int, default=15000, help="images seen in distillation (at most 30k)")
     p.add_argument("--size", type=int, default=160, help="distillation crop size (evaluation is at 224)")
-    p.add_argument("--lr", type=float, default=0.005)
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate of the distillation")
     p.add_argument("--beta", type=float, default=1.0)
     p.add_argument("--jobs", type=int, default=1, help="runs side by side (one process each)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -325,7 +327,8 @@ def collect(runs: Path, results: Path, dense: dict[str, Any]) -> None:
     """Every finished stage of every run (not only this invocation's) -> the results file."""
     entries = [dense]
     for d in sorted(p for p in runs.iterdir() if p.is_dir()):
-        entries += [json.loads((d / f"{st}.json").read_text()) for st in STAGES if (d / f"{st}.json").is_file()]
+        entries += [{"refit": "cut", **json.loads((d / f"{st}.json").read_text())}  # runs from before the option
+                    for st in STAGES if (d / f"{st}.json").is_file()]
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(entries, indent=1) + "\n")
     print(f"wrote {results} ({len(entries)} entries)")

@@ -101,14 +101,18 @@ def forward_order(model: nn.Module, names: list[str], x: Tensor) -> list[str]:
 
 
 @torch.no_grad()
-def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float = 1e-2,
+def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float = 1e-2, layers: str = "all",
                 progress: bool = True) -> dict[str, tuple[float, float]]:
     """Refit the kept weights of ``dm``'s 1x1 convolutions and linear layers (see the module doc), in place.
 
     ``dense``: the dense network (same architecture, same weights before the cut). ``ridge``: lam relative to the
-    mean diagonal of each node's H. Returns, per refit layer, the relative output error on the calibration
+    mean diagonal of each node's H. ``layers``: ``"cut"`` refits only the layers that lost links; ``"all"`` also
+    the layers that kept every link but whose inputs moved (they absorb the error of the layers before them, as
+    GPTQ's sequential pass does). Returns, per refit layer, the relative output error on the calibration
     photos before and after the refit: ``{name: (before, after)}``.
     """
+    if layers not in ("cut", "all"):
+        raise ValueError(f"layers must be 'cut' or 'all', got {layers!r}")
     dm.eval()
     dense.eval()
     part = dm.partition
@@ -120,13 +124,15 @@ def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float
         ly = by_name[name]
         m_s, m_d = dm.model.get_submodule(name), dense.get_submodule(name)
         mask = m_s.parametrizations[ly.param][0].mask
-        if bool(mask.all()):
+        if bool(mask.all()) and layers == "cut":
             continue  # no link cut into this layer
         h = c = d = None
+        moved = False
         for x in batches():
             xs, xd = _rows(m_s, _capture(dm.model, m_s, x)), _rows(m_d, _capture(dense, m_d, x))
             if xs is None or xd is None:
                 break
+            moved = moved or not torch.equal(xs, xd)
             h = xs.T @ xs if h is None else h + xs.T @ xs
             c = xs.T @ xd if c is None else c + xs.T @ xd
             d = xd.T @ xd if d is None else d + xd.T @ xd
@@ -134,6 +140,8 @@ def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float
             log.debug("reconstruct: %s (%s) is not a 1x1 convolution or linear layer; left as cut", name,
                       type(m_s).__name__)
             continue
+        if bool(mask.all()) and not moved:
+            continue  # every link kept and the same inputs: the dense weights are the solution
         w_d = m_d.weight.detach().reshape(m_d.weight.shape[0], -1).double()  # [O, I]
         if m_d.bias is not None:
             w_d = torch.cat([w_d, m_d.bias.detach().double()[:, None]], 1)
