@@ -29,7 +29,7 @@ MODELS = [
     ("resnet50", "torchvision"), ("mobilenet_v2", "torchvision"), ("googlenet", "torchvision"),
     ("vit_tiny_patch16_224", "timm"), ("efficientnet_b0", "timm"),
     ("mobilenet_v3_large", "torchvision"), ("regnet_y_400mf", "torchvision"), ("mnasnet0_5", "torchvision"),
-    ("resnetv2_50x1_bit", "timm"), ("swin_t", "torchvision"),
+    ("resnetv2_50x1_bit", "timm"),  # torchvision's swin_t: with the edge hybrids (hybrids.py, issue 43)
     # issue 33: windows, token mixing, GroupNorm, a zero-initialised head, segmentation builders (offline)
     ("swin_tiny_patch4_window7_224", "timm"), ("mixer_b16_224", "timm"), ("poolformer_s12", "timm", "1,3,64,64"),
     ("vit_b_16", "torchvision"), ("lraspp_mobilenet_v3_large", "torchvision", "1,3,128,128"),

@@ -53,6 +53,49 @@ def _onnx(e: dict) -> str:
             + redrawn)
 
 
+HYBRIDS = (
+    "Random weights, each model at its own input size, r = 0.2 (links by magnitude), N = 2 and N = 3, both "
+    "engines (`python recipes/architectures/hybrids.py` writes `results/architectures_hybrids.json`). A cell: "
+    "the largest relative error of `disco run` against the single-process model, and the bytes sent, which must "
+    "equal the cost model's prediction (`ok`). Heads split by `view`/`reshape` + `permute` are followed as data "
+    "(a head's q, k, v and output channels on one node), constants made in forward are held whole by every node, "
+    "branches on the input's shape are resolved for the export's shape. *Dense bytes*: dense within-layer "
+    "parallelism per image (`disco cost --ratio 1`) against an independent count from the model's own forward "
+    "(every linear and convolution intercepted, each distinct non-constant input counted once, x (N - 1)); "
+    "where they differ, the hooks count a channel that a convolution reads again through a concatenation as a "
+    "new tensor (MobileViT's fusion convolution reads each block's input through `torch.cat`), which the split "
+    "sends once (DESIGN.md: links).")
+
+
+def _split_cell(s: dict | None) -> str:
+    if not s:
+        return "not run"
+    if s.get("error"):
+        why = "refused" if s.get("exit_code") == 2 else "FAILED"
+        return f"{why}: `" + s["error"].replace("|", "\\|") + "`"
+    same = s["bytes_sent_total"] == s["bytes_predicted"]
+    return f"{'ok' if s['ok'] else 'FAILED'}: {s['max_rel_err']:.1e}, bytes {s['bytes_sent_total']}" + (
+        "" if same else f" (predicted {s['bytes_predicted']})")
+
+
+def hybrids_table(entries: list[dict]) -> str:
+    """One row per model: the four splits (engine x N), or the refusal; dense bytes against the hooks' count."""
+    rows = []
+    for e in entries:
+        if not e.get("partitions"):
+            why = e.get("refusal", "").replace("|", "\\|")
+            rows.append([e["model"], e["source"], e["input_shape"], f"refused: `{why}`", "", "", "", "", ""])
+            continue
+        dense = "; ".join(f"N={n}: {e[f'dense_bytes_{n}'] / 1e6:.2f} / {e[f'hooked_dense_bytes_{n}'] / 1e6:.2f}"
+                          + (" (equal)" if e[f"dense_bytes_{n}"] == e[f"hooked_dense_bytes_{n}"] else "")
+                          for n in (2, 3) if f"dense_bytes_{n}" in e)
+        cells = [_split_cell(e["splits"].get(k)) for k in ("torch/2", "torch/3", "onnx/2", "onnx/3")]
+        rows.append([e["model"], e["source"], e["input_shape"], "ok" if e.get("ok") else "not all ok", *cells, dense])
+    cols = ["model", "source", "input", "result", "torch N=2", "torch N=3", "ONNX N=2", "ONNX N=3",
+            "dense MB: cost model / hooks"]
+    return md_table(rows, cols)
+
+
 def page(entries: list[dict]) -> str:
     """The whole page: how the models were tried, one row per model, then the placement table's marker."""
     first = entries[0] if entries else {"nodes": 2, "ratio_target": 0.2, "input_shape": "1,3,224,224"}
@@ -69,5 +112,7 @@ def page(entries: list[dict]) -> str:
         "`--format onnx` and run by the torch-free engine (`recipes/architectures/run.py --engine onnx`).", "",
         HOW, "",
         md_table(map(_row, entries), COLUMNS),
+        "", "## Edge hybrids: attention written out as tensor ops (issue 43)", "", HYBRIDS, "",
+        "<!-- table:hybrids -->", "<!-- /table:hybrids -->",
         "", "## Exchange placement", "", PLACEMENT, "", "<!-- table:placement -->", "<!-- /table:placement -->"]
     return "\n".join(lines) + "\n"

@@ -70,6 +70,7 @@ TABLES: dict[str, tuple[Source, Callable]] = {
     "latency_weight": ("latency_weight", latency_weight_table),
     "planner_validation": ("planner_validation", planner_validation),
     "placement": ("placement", placement_table),
+    "hybrids": ("architectures_hybrids", architectures.hybrids_table),
     "serving": (serving.SERVE, serving.section),
 }
 WHOLE_PAGES: dict[str, tuple[str, Callable[[object, Path], str]]] = {
