@@ -45,9 +45,8 @@ class PositionGrid(nn.Module):
 
 
 class ShiftMask(nn.Module):
-    """A mask made with ``new_zeros`` of the tensor's size and written into by slices of configured sizes (Swin's
-    shifted windows), multiplied in. (Slices by sizes read from a tensor are not supported: a size read from a
-    tensor is a traced value until the graph is complete.)"""
+    """A mask made with ``new_zeros`` of the tensor's size and written into by slices (Swin's shifted windows),
+    multiplied in."""
 
     def __init__(self, c: int = 12, half: int = 8) -> None:
         super().__init__()
@@ -60,8 +59,8 @@ class ShiftMask(nn.Module):
         t = self.stem(x).flatten(2).transpose(1, 2)  # B, N, C
         n = t.shape[1]
         mask = t.new_zeros((n, n))
-        mask[: self.half, self.half:] = -1.0
-        mask[self.half:, : self.half] = -1.0
+        mask[: n // 2, n // 2:] = -1.0  # slices by a size of the input: resolved for the captured shape
+        mask[n // 2:, : n // 2] = -1.0
         y = self.fc(t).transpose(1, 2)  # B, C, N
         return self.head((y @ mask.softmax(-1)).mean(2))
 

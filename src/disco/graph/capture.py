@@ -35,6 +35,18 @@ class DiscoTracer(fx.Tracer):
         self.shape_guards: list[str] = []
         self._known: dict[fx.Node, Any] = {}  # values on the example of the nodes traced so far, once computed
 
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _SizeProxy(node, self)
+
+    def concrete(self, obj: fx.Proxy, why: str) -> int:
+        """The value on the example of a size that Python needs as an int (a slice bound, ``range``), recorded
+        like a branch; a value that depends on the input's values is refused."""
+        if self.example is None or not shape_only(obj.node):
+            raise fx.proxy.TraceError(f"a traced value used as {why} (it depends on the input's values)")
+        value = int(self._value(obj.node))
+        self.shape_guards.append(f"{caller_site() or obj.node.name} -> {why} {value}")
+        return value
+
     def create_proxy(self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any) -> Any:
         """A tensor made from sizes only (``x.new_zeros((H, W))``, ``torch.zeros(shape)``) is made at once, for the
         example's shape: the model's code may then write into it (Swin's shifted-window mask) and the graph
@@ -135,6 +147,16 @@ def _share_attr_owners(gm: fx.GraphModule, model: nn.Module) -> None:
         if path and gm.get_submodule(path) is not model.get_submodule(path):
             gm.set_submodule(path, model.get_submodule(path))
 
+
+
+class _SizeProxy(fx.Proxy):
+    """A proxy that Python may use as an int where it is a size of the input (a slice bound, ``range(n)``)."""
+
+    def __index__(self) -> int:
+        return self.tracer.concrete(self, "an index")
+
+    def __int__(self) -> int:
+        return self.tracer.concrete(self, "an int")
 
 
 def _forget_proxies(model: nn.Module) -> None:
