@@ -78,4 +78,4 @@ def _more_gos(tr: Any) -> list[int]:
 def stats(node: Any) -> dict[str, Any]:
     """What this node reports to rank 0: RSS and the engine's totals."""
     return {"rss_mb": round(rss_mb(), 2), "peak_rss_mb": round(peak_rss_mb(), 2), "pid": os.getpid(),
-            "totals": node.engine.totals.as_dict()}
+            "totals": node.engine.totals.as_dict(), "stash_keys": len(node.tr.stash)}

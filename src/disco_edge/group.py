@@ -66,7 +66,7 @@ class Group:
         self.why = "the group is starting"
         self.members: dict[int, dict[str, Any]] = {
             j: {"rank": j, "joined": j == 0, "ever_joined": j == 0, "restarts": 0, "pid": None, "rss_mb": None,
-                "peak_rss_mb": None, "self_test_err": None, "error": None, "totals": {}}
+                "peak_rss_mb": None, "self_test_err": None, "error": None, "totals": {}, "stash_keys": None}
             for j in range(self.nodes)}  # every key from the start: the front copies these dicts from its thread
         self.seq = 0
         self.self_tests = 0
@@ -96,6 +96,8 @@ class Group:
         if getattr(self.node, "engine", None) is not None:
             me["totals"] = self.node.engine.totals.as_dict()
         me["rss_mb"], me["peak_rss_mb"], me["pid"] = round(rss_mb(), 2), round(peak_rss_mb(), 2), os.getpid()
+        tr = getattr(self.node, "tr", None)
+        me["stash_keys"] = None if tr is None else len(tr.stash)  # messages' queues held (bounded, not per request)
         return {j: dict(m) for j, m in self.members.items()}
 
     def start(self) -> None:
@@ -184,6 +186,7 @@ class Group:
         if "stats" in msg:
             m["rss_mb"], m["totals"] = msg["stats"].get("rss_mb"), msg["stats"].get("totals", {})
             m["pid"], m["peak_rss_mb"] = msg["stats"].get("pid"), msg["stats"].get("peak_rss_mb")
+            m["stash_keys"] = msg["stats"].get("stash_keys")
         if "failed" in msg:
             self._broken(f"rank {j}: {msg['failed']}")
 

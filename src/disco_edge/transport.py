@@ -224,7 +224,10 @@ class ZmqTransport:
                 self._pump_one()
                 continue
             self._check_gone(key[0])
-        return box.popleft()
+        msg = box.popleft()
+        if not box and len(key) == 3:  # a data message's key (src, tag, seq) is never used again
+            del self.stash[key]
+        return msg
 
     def _check_gone(self, src: int) -> None:
         """Note closed connections; raise when ``src``'s closed more than the grace ago (its last messages, sent
