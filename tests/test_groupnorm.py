@@ -96,11 +96,22 @@ class _Refused(nn.Module):
         return F.group_norm(x, 2, self.norm.weight * 2, self.norm.bias)
 
 
-@pytest.mark.parametrize("how,msg", [("groups", "num_groups computed in the graph"),
-                                     ("weight", "computes its weight in the graph")])
+@pytest.mark.parametrize("how,msg", [("weight", "computes its weight in the graph")])
 def test_groups_or_weights_computed_in_the_graph_are_refused(how: str, msg: str) -> None:
     with pytest.raises(UnsupportedOpError, match=msg):
         partition(_Refused(how), (1, 3, 4, 4), 2)
+
+
+def test_groups_computed_from_the_input_shape_are_the_models_own() -> None:
+    """``x.shape[1] // 4`` is a size of the input: resolved at capture for its shape (issue 43 item 3), so a node
+    holding half the channels does not recompute it from its slice."""
+    from disco.runtime.local import simulate
+
+    torch.manual_seed(0)
+    model, x = _Refused("groups").eval(), torch.randn(1, 3, 4, 4)
+    out, _ = simulate(partition(model, x, 2), None, x)
+    with torch.no_grad():
+        assert rel_err(out, model(x)) < 1e-5
 
 
 @pytest.mark.parametrize("name", FUNCTIONAL)
