@@ -64,7 +64,9 @@ HYBRIDS = (
     "(every linear and convolution intercepted, each distinct non-constant input counted once, x (N - 1)); "
     "where they differ, the hooks count a channel that a convolution reads again through a concatenation as a "
     "new tensor (MobileViT's fusion convolution reads each block's input through `torch.cat`), which the split "
-    "sends once (DESIGN.md: links).")
+    "sends once (DESIGN.md: links); and they count every node as a reader of every attention's input, while a "
+    "head is never split: with fewer heads than nodes (MaxViT's first stage has 2 heads, at N = 3) a node runs "
+    "no head of that attention and receives nothing for it.")
 
 
 def _split_cell(s: dict | None) -> str:
