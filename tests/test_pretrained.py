@@ -231,7 +231,7 @@ def _entry(name: str, stage: str, seed: int, sample: float, nodes: int = 2, rati
     return {"name": name, "nodes": nodes, "stage": stage, "seed": seed, "target_ratio": ratio, "ratio": ratio,
             "selection": "activation", "top1_sample1000": sample, "top1_inette": 72.0, "agree_sample1000": 80.0,
             "share_in_train_classes_sample1000": 1.0, "flops_ratio": 0.8, "weights_per_node_ratio": 0.46,
-            "bytes": 1000, "dense_bytes": 5000, "model": "m"}
+            "bytes": 1000, "dense_bytes": 5000, "model": "m", "train_images_seen": 0}
 
 
 def test_pretrained_page_states_each_target() -> None:
@@ -246,7 +246,7 @@ def test_pretrained_page_states_each_target() -> None:
     assert "n2_r0.1 top1_sample1000 >= 70: 75.00 ± 0.00 (1 seed, stage finetuned): met on fewer than 3 seeds" in v
     assert "n2_r0.2_joint top1_sample1000 >= 70: **not measured**" in v
     assert "n2_r0.1 >= separated branches + 5 on the sample: 75.00 against 60.00" in v
-    assert "| n2_r0.2 | 2 | activation | reconstructed | 0.200 | 3 | 50.00 ± 0.00 |" in page(entries, Path("."))
+    assert "| n2_r0.2 | 2 | activation | reconstructed | 0.200 | 3 | 0/0/0 | 50.00 ± 0.00 |" in page(entries, Path("."))
     row = headline_row(entries)
     assert row is not None and row[3] == "87.30" and row[4].startswith("75.00 ± 0.00 (activation, finetuned, 1 seed)")
     missed = [dense, _entry("n2_r0.2", "finetuned", 0, 70.0)]

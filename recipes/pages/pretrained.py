@@ -56,7 +56,8 @@ def _best(entries: list[dict], name: str) -> tuple[str, list[dict]] | None:
 
 def stage_table(entries: list[dict]) -> str:
     d = _dense(entries)
-    rows = [["dense (one device)", "-", "-", "-", "1.000", "1", *(f"{d[k]:.2f}" for k, _ in METRICS), "1.00", "1.00"]]
+    rows = [["dense (one device)", "-", "-", "-", "1.000", "1", "-", *(f"{d[k]:.2f}" for k, _ in METRICS), "1.00",
+             "1.00"]]
     g = _groups(entries)
     names = list(dict.fromkeys(e["name"] for e in entries if e["nodes"] > 1))
     for name in names:
@@ -66,10 +67,10 @@ def stage_table(entries: list[dict]) -> str:
                 continue
             e = runs[0]
             rows.append([name, e["nodes"], e["selection"], st, f"{e['ratio']:.3f}", len(runs),
-                         *(_ms(runs, k) for k, _ in METRICS), f"{e['flops_ratio']:.2f}",
-                         f"{e['weights_per_node_ratio']:.2f}"])
-    return md_table(rows, ["setting", "N", "selection", "stage", "r", "seeds", *(label for _, label in METRICS),
-                           "FLOPs / dense", "weights per node / dense"])
+                         "/".join(str(r["train_images_seen"]) for r in runs), *(_ms(runs, k) for k, _ in METRICS),
+                         f"{e['flops_ratio']:.2f}", f"{e['weights_per_node_ratio']:.2f}"])
+    return md_table(rows, ["setting", "N", "selection", "stage", "r", "seeds", "images seen",
+                           *(label for _, label in METRICS), "FLOPs / dense", "weights per node / dense"])
 
 
 def verdicts(entries: list[dict]) -> str:

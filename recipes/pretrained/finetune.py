@@ -1,7 +1,8 @@
 """Distillation of a cut pretrained network from its dense self, on unlabelled photos, watched by a guard.
 
-- **Photos**: each batch is half Imagenette train photos and half the other sources of the pool (COCO128,
-  CamVid, BSD100, T91, Set14), so that the ten Imagenette classes do not dominate what the teacher says.
+- **Photos**: each batch is ``inette_share`` Imagenette train photos (default half) and the rest from the other
+  sources of the pool (COCO128, CamVid, BSD100, T91, Set14), so that the ten Imagenette classes do not
+  dominate what the teacher says.
 - **Augmentation that spreads the teacher's outputs**: random resized crops over a wide range of scales
   (0.08-1), flips, and with probability ``mix`` a CutMix or mixup of the batch with itself reversed (so that
   photos of different sources are mixed). The teacher sees the same augmented batch.
@@ -51,6 +52,7 @@ class FinetuneConfig:
     mix: float = 0.5  # probability of CutMix or mixup per batch
     guard_every: int = 1500
     max_share_rise: float = 10.0
+    inette_share: float = 0.5  # share of each batch drawn from Imagenette train photos (the rest: other sources)
 
 
 def _augment(imgs: Tensor, size: int, gen: torch.Generator) -> Tensor:
@@ -159,7 +161,7 @@ def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, gua
         for m in student.modules():  # frozen statistics (see the module doc)
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.eval()
-        half = cfg.batch_size // 2
+        half = round(cfg.batch_size * cfg.inette_share)
         idx = np.concatenate([inette[torch.randint(0, len(inette), (half,), generator=gen).numpy()],
                               other[torch.randint(0, len(other), (cfg.batch_size - half,), generator=gen).numpy()]])
         x = _augment(pool.images[idx], cfg.size, gen)

@@ -29,6 +29,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -170,8 +171,16 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
     from recipes.pretrained.finetune import FinetuneConfig, distill
 
     s = SETTINGS[name]
-    out = Path(args.runs) / f"{name}_s{seed}"
+    out = Path(args.runs) / f"{name}_s{seed}{'_' + args.tag if args.tag else ''}"
     out.mkdir(parents=True, exist_ok=True)
+    if args.tag:  # a variant of the distillation: it starts from the untagged run's reconstruction
+        if args.stages != ["finetuned"]:
+            sys.exit("--tag runs the finetuned stage alone (--stages finetuned)")
+        base_ck = Path(args.runs) / f"{name}_s{seed}" / "reconstructed.safetensors"
+        if not base_ck.is_file():
+            sys.exit(f"--tag {args.tag}: {base_ck} does not exist; run its reconstructed stage first")
+        if not (out / "reconstructed.safetensors").is_file():
+            shutil.copyfile(base_ck, out / "reconstructed.safetensors")
     todo = [st for st in args.stages if not (out / f"{st}.json").is_file()]
     if not todo:
         return [json.loads((out / f"{st}.json").read_text()) for st in args.stages]
@@ -203,7 +212,8 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
         kept = select_links(part, scores_for(dm, s, cal, seed), s.ratio, s.budget, **caps)
     dm.set_kept(kept)
     rep = estimate(dm)
-    base = {"name": name, "model": MODEL, "nodes": s.nodes, "target_ratio": s.ratio, "ratio": round(rep.ratio, 4),
+    base = {"name": f"{name}:{args.tag}" if args.tag else name, "model": MODEL, "nodes": s.nodes,
+            "target_ratio": s.ratio, "ratio": round(rep.ratio, 4),
             "budget": s.budget, "selection": s.selection, "refit": s.refit, "seed": seed, "calib_photos": len(calib),
             "flops_total": rep.flops_total, "flops_dense": rep.flops_dense, "params_per_node": rep.params_per_node,
             "params_dense": rep.params_dense, "bytes": rep.bytes, "dense_bytes": rep.dense_bytes,
@@ -250,7 +260,8 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
     if "finetuned" in todo:
         from disco.models import classifier_head
 
-        cfg = FinetuneConfig(images=args.images, size=args.size, lr=args.lr, beta=args.beta)
+        cfg = FinetuneConfig(images=args.images, size=args.size, lr=args.lr, beta=args.beta,
+                             inette_share=args.inette_share)
         res = distill(dm.model, dense, classifier_head(dense), fit, guard, pre, cfg, seed, out / "distill.state.pt")
         save_disco(dm, out / "finetuned.safetensors", {"name": MODEL, "kwargs": {}}, task="imagenet1k", extra=tags,
                    info={"preprocess": pre, "stage": "finetuned", "seed": seed, "finetune": asdict(cfg)})
@@ -302,7 +313,9 @@ def main() -> None:
     p.add_argument("--images", type=int, default=15000, help="images seen in distillation (at most 30k)")
     p.add_argument("--size", type=int, default=160, help="distillation crop size (evaluation is at 224)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate of the distillation")
-    p.add_argument("--beta", type=float, default=1.0)
+    p.add_argument("--beta", type=float, default=1.0, help="weight of the feature loss")
+    p.add_argument("--inette-share", type=float, default=0.5, help="share of each batch from Imagenette train")
+    p.add_argument("--tag", help="a distillation variant: runs NAME_sSEED_TAG from NAME_sSEED's reconstruction")
     p.add_argument("--jobs", type=int, default=1, help="runs side by side (one process each)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run")
     p.add_argument("--runs", default=str(ROOT / "runs" / "pretrained"))
