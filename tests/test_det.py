@@ -75,7 +75,8 @@ def test_channel_reductions_exact_and_counted(which: str, n: int) -> None:
         assert rep.stats_bytes == 4 * 2 * 8 * 8 * n * (n - 1) * 2
 
 
-def test_normalize_over_other_dim_is_refused() -> None:
+def test_normalize_over_other_dim_is_channel_local() -> None:
+    """F.normalize over a dim other than the channels (a head's features, issue 43) is channel-local: exact."""
     class Bad(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -84,8 +85,12 @@ def test_normalize_over_other_dim_is_refused() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return F.normalize(self.c(x), dim=2)
 
-    with pytest.raises(ValueError, match="L2 norm over the channel dim"):
-        partition(Bad(), (1, 3, 4, 4), 2)
+    torch.manual_seed(0)
+    model, x = Bad().eval(), torch.randn(1, 3, 4, 4)
+    out, trs = simulate(partition(model, x, 2), None, x, timeout=10)
+    with torch.no_grad():
+        assert rel_err(out, model(x)) < 1e-5
+    assert sum(t.stats_bytes for t in trs) == 0  # nothing exchanged: no statistic over the channels
 
 
 # ---- split SSD models: invariants 1-4 ------------------------------------------------------------------
