@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from .constants import fold_constants, makes_tensor, shape_only
 from .errors import UnsupportedOpError
 from .registry import decomposition, module_rule, traced_through, uncovered_base
 from .tracesite import caller_site, trace_site
+from .types import shape_of
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +130,21 @@ def capture(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     _share_attr_owners(gm, model)
     was_training = model.training
     model.eval()
-    fold_constants(gm, example)
     with torch.no_grad():
         ShapeProp(gm).propagate(example)
+    signature = graph_signature(gm)  # before folding: a checkpoint's fingerprint names the graph as traced
+    if fold_constants(gm, example):
+        gm.meta["signature"] = signature
+        with torch.no_grad():
+            ShapeProp(gm).propagate(example)
     model.train(was_training)
     return gm
+
+
+def graph_signature(gm: fx.GraphModule) -> list[str]:
+    """'op|name|target|shape' of every node, as :meth:`~disco.graph.types.Partition.fingerprint` hashes them."""
+    return [f"{n.op}|{n.name}|{re.sub(r' at 0x[0-9a-fA-F]+', '', str(n.target))}|{shape_of(n)}"
+            for n in gm.graph.nodes]
 
 
 def _share_attr_owners(gm: fx.GraphModule, model: nn.Module) -> None:

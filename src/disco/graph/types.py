@@ -384,7 +384,11 @@ class Partition:
         """A hash of N, the input shape, the graph, the ownership and the links."""
         h = hashlib.sha256()
         h.update(f"{self.nodes}|{self.input_shape}".encode())
-        for n in self.gm.graph.nodes:
+        signature = self.gm.meta.get("signature")  # the graph as traced, before sizes were folded (capture)
+        if signature is not None:
+            for line in signature:
+                h.update(line.encode())
+        for n in [] if signature is not None else self.gm.graph.nodes:
             target = re.sub(r" at 0x[0-9a-fA-F]+", "", str(n.target))  # e.g. torch.cat: no process address
             h.update(f"{n.op}|{n.name}|{target}|{shape_of(n)}".encode())
         for ly in self.layers:
