@@ -115,3 +115,15 @@ def test_a_shape_branch_is_resolved_for_the_captured_shape_and_recorded() -> Non
     assert skipped.shape_guards[0].endswith("-> False")
     assert any(n.target is F.interpolate for n in taken.gm.graph.nodes)
     assert not any(n.target is F.interpolate for n in skipped.gm.graph.nodes)
+
+
+@pytest.mark.parametrize("fmt", ["torch", "onnx"])
+def test_the_shape_guards_are_written_into_the_manifest(tmp_path, fmt: str) -> None:
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+    from disco.runtime.formats import exporter
+
+    model = PadToMultiple().eval()
+    part = partition(model, (1, 3, 6, 6), 2)
+    man = exporter(fmt)(DiscoModel(model, part).eval(), part, None, tmp_path / fmt, {"name": "x", "kwargs": {}})
+    assert man["shape_guards"] == list(part.shape_guards) and man["shape_guards"][0].endswith("-> True")

@@ -148,6 +148,7 @@ def export(model: nn.Module, part: Partition, kept: np.ndarray | None, out_dir: 
         "shards": shards, "schedules": schedules, "reference_sha256": file_sha256(out / "reference.safetensors"),
         "info": info or {}, "task": (info or {}).get("task"), "proof": proof,
         "preprocess": (info or {}).get("preprocess"),  # size, mean, std, scale, labels: what a client feeds
+        "shape_guards": list(part.shape_guards),  # branches on the input's shape resolved for input_shape
     }
     fields = field_digests(manifest)
     manifest["manifest_hash"] = manifest_hash(fields)

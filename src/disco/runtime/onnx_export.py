@@ -262,7 +262,8 @@ def export_onnx(model: nn.Module, part: Partition, kept: np.ndarray | None, out_
            "input": in_name, "ratio": part.ratio(kept), "codec": codec, "bytes_predicted": rep.bytes,
            "messages_per_inference": rep.messages_per_inference, "link_values_scheduled": counters["link_values"],
            "max_rel_err_onnx": err, "files": files, "info": info or {},
-           "preprocess": (info or {}).get("preprocess")}  # size, mean, std, scale, labels: what a client feeds
+           "preprocess": (info or {}).get("preprocess"),  # size, mean, std, scale, labels: what a client feeds
+           "shape_guards": list(part.shape_guards)}  # branches on the input's shape resolved for input_shape
     man["manifest_hash"] = hashlib.sha256(json.dumps(man, sort_keys=True).encode()).hexdigest()[:32]
     (tmp / "manifest.json").write_text(json.dumps(man, indent=1))
     shutil.rmtree(out, ignore_errors=True)
