@@ -92,14 +92,11 @@ def verdicts(entries: list[dict]) -> str:
                      + ("" if ok else f" by {abs(m - thr):.2f}"))
     g = _groups(entries)
     for name in dict.fromkeys(e["name"] for e in entries if e["nodes"] == 2 and e["target_ratio"] > 0):
-        got = _best(entries, name)
-        sep = g.get(("n2_r0", got[0])) if got else None
-        if not got:
+        both = [st for st in STAGES if g.get((name, st)) and g.get(("n2_r0", st))]
+        if not both:  # the comparison is made at the same stage, the last one both have
+            lines.append(f"- {name} >= separated branches + 5 on the sample: no stage measured for both")
             continue
-        if not sep:
-            lines.append(f"- {name} >= separated branches + 5 on the sample: separated branches not measured at "
-                         f"stage {got[0]} (the comparison is made at the same stage)")
-            continue
+        got, sep = (both[-1], g[(name, both[-1])]), g[("n2_r0", both[-1])]
         (m, _), (sm, _) = (mean_std([e["top1_sample1000"] for e in r]) for r in (got[1], sep))
         n = min(len(got[1]), len(sep))
         ok = m >= sm + 5
