@@ -17,7 +17,7 @@ import hashlib
 import io
 import logging
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +90,7 @@ class Photos:
         return Photos(self.images[idx], self.labels[idx], [self.source[i] for i in idx])
 
 
-def _cached(key: str, build: callable) -> Photos:  # type: ignore[valid-type]
+def _cached(key: str, build: Callable[[], tuple[np.ndarray, np.ndarray, list[str]]]) -> Photos:
     d = cache_dir() / "imagenet-photos"
     d.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha1(key.encode()).hexdigest()[:16]
