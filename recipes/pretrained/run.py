@@ -87,15 +87,10 @@ def photo_sets(data: str, calib: int, seed: int) -> tuple[Any, Any, Any]:
     """(fitting pool, guard, calibration photos) from the pool; calibration drawn by ``seed`` from the fit pool."""
     import numpy as np
 
-    from disco.data.imagenet import load_pool, split_pool
+    from disco.data.imagenet import draw_mixed, load_pool, split_pool
 
     fit, guard = split_pool(load_pool(data), guard=200, seed=1234)
-    rng = np.random.default_rng(seed)
-    src = np.array(fit.source)
-    inette, other = np.flatnonzero(src == "inette_train"), np.flatnonzero(src != "inette_train")
-    pick = np.concatenate([rng.choice(inette, calib // 2, replace=False),
-                           rng.choice(other, min(calib - calib // 2, len(other)), replace=False)])
-    return fit, guard, fit.subset(np.sort(pick))
+    return fit, guard, fit.subset(draw_mixed(fit, calib, np.random.default_rng(seed)))
 
 
 def batches_of(photos: Any, pre: dict[str, Any], size: int = 224, bs: int = 32) -> Any:
@@ -127,20 +122,20 @@ def scores_for(dm: Any, s: Setting, calib_batches: Any, seed: int) -> Any:
 class Evaluator:
     """Scores a network on both sets, against the dense network's predictions (cached in the run folder)."""
 
-    def __init__(self, data: str, runs: Path, pre: dict[str, Any], weights: str) -> None:
+    def __init__(self, data: str, runs: Path, pre: dict[str, Any], dense: Any) -> None:
         import torch
 
         from disco.tasks.imagenet import EvalSets, predict
 
         self.sets = EvalSets(data).sets
-        self.template = load_dense(weights)
+        self.template = copy.deepcopy(dense).to(memory_format=torch.channels_last).eval()
         self.pre, self.predict = pre, predict
         f = runs / "dense_predictions.pt"
         if f.is_file():
             self.ref = torch.load(f, weights_only=True)
         else:
-            dense = load_dense(weights).to(memory_format=torch.channels_last)
-            self.ref = {n: predict(dense, p, pre, desc=f"dense {n}") for n, p in self.sets.items()}
+            with torch.inference_mode():
+                self.ref = {n: predict(self.template, p, pre, desc=f"dense {n}") for n, p in self.sets.items()}
             f.parent.mkdir(parents=True, exist_ok=True)
             torch.save(self.ref, f)
 
@@ -188,7 +183,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace) -> list[dict[str, An
     weights = weights_file(args.weights)
     dense = load_dense(weights)
     pre = preprocess_of(dense, 1000, INPUT[-1])
-    evaluate = Evaluator(args.data, Path(args.runs), pre, weights)
+    evaluate = Evaluator(args.data, Path(args.runs), pre, dense)
     fit, guard, calib = photo_sets(args.data, args.calib, seed)
     cal = batches_of(calib, pre)
     part = partition(copy.deepcopy(dense), INPUT, s.nodes)
@@ -288,7 +283,7 @@ def dense_entry(args: argparse.Namespace) -> dict[str, Any]:
     rep = estimate(partition(copy.deepcopy(dense), INPUT, 2))
     e = {"name": "dense", "model": MODEL, "nodes": 1, "target_ratio": 1.0, "ratio": 1.0, "budget": None,
          "selection": None, "stage": "dense", "seed": None, "train_images_seen": 0,
-         **Evaluator(args.data, Path(args.runs), pre, weights)(dense),
+         **Evaluator(args.data, Path(args.runs), pre, dense)(dense),
          "flops_total": rep.flops_dense, "flops_dense": rep.flops_dense, "params_per_node": [rep.params_dense],
          "params_dense": rep.params_dense, "dense_bytes_n2": rep.dense_bytes, "preprocess": {
              k: v for k, v in pre.items() if k != "labels"}}

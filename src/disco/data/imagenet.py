@@ -184,17 +184,20 @@ def load_pool(root: str | Path) -> Photos:
     return _cached("pool:" + _key(*tars) + "|" + ",".join(f"{n}:{p.resolve()}" for n, p in files), build)
 
 
+def draw_mixed(photos: Photos, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of ``n`` photos drawn without replacement, half Imagenette train, half the other sources."""
+    src = np.array(photos.source)
+    inette, other = np.flatnonzero(src == "inette_train"), np.flatnonzero(src != "inette_train")
+    return np.sort(np.concatenate([rng.choice(inette, n // 2, replace=False),
+                                   rng.choice(other, min(n - n // 2, len(other)), replace=False)]))
+
+
 def split_pool(pool: Photos, guard: int = 200, seed: int = 0) -> tuple[Photos, Photos]:
-    """(fit, guard): a held-out guard set of ``guard`` photos, half Imagenette train and half the other sources,
-    drawn with a fixed seed; the rest is the fitting pool."""
-    rng = np.random.default_rng(seed)
-    src = np.array(pool.source)
-    inette = np.flatnonzero(src == "inette_train")
-    other = np.flatnonzero(src != "inette_train")
-    held = np.concatenate([rng.choice(inette, guard // 2, replace=False),
-                           rng.choice(other, guard - guard // 2, replace=False)])
+    """(fit, guard): a held-out guard set of ``guard`` photos (:func:`draw_mixed`, a fixed seed); the rest is the
+    fitting pool."""
+    held = draw_mixed(pool, guard, np.random.default_rng(seed))
     rest = np.setdiff1d(np.arange(len(pool)), held)
-    return pool.subset(rest), pool.subset(np.sort(held))
+    return pool.subset(rest), pool.subset(held)
 
 
 def normalize(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:

@@ -22,8 +22,6 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _leaf(key: str) -> str:
@@ -58,9 +56,11 @@ def imagenet_labels() -> list[str]:
 def preprocess_of(model: nn.Module, num_classes: int | None = None, size: int | None = None) -> dict[str, Any]:
     """The preprocessing ``model`` was pretrained with: timm's ``pretrained_cfg`` (mean, std, input size) when it
     has one, else torchvision's ImageNet statistics; ImageNet-1k labels for a 1000-class head."""
+    from ..data.imagefolder import MEAN, STD  # torchvision's ImageNet statistics
+
     cfg = getattr(model, "pretrained_cfg", None) or {}
-    mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_MEAN))
-    std = tuple(float(v) for v in cfg.get("std", IMAGENET_STD))
+    mean = tuple(float(v) for v in cfg.get("mean", MEAN))
+    std = tuple(float(v) for v in cfg.get("std", STD))
     hw = cfg.get("input_size", (3, 224, 224))[-2:]
     if size is not None:
         hw = (size, size)
