@@ -286,3 +286,15 @@ def test_run_step_feeds_only_the_inputs_a_graph_kept() -> None:
     env = {"a": np.ones(2, np.float32), "shape_only": np.zeros(3, np.float32)}
     STEPS["run"](e, {"graph": "g", "inputs": ["a", "shape_only"], "outputs": ["y"]}, env)
     assert list(fed) == ["a"] and env["y"].tolist() == [2.0, 2.0]
+
+
+def test_emulated_downlink_counts_from_arrival_not_from_reading() -> None:
+    """A node busy with another request reads its messages late; the emulated downlink must not charge it for
+    that (the messages came meanwhile), but two messages that arrive together share the downlink."""
+    from disco_edge.link import LinkModel, Pacing
+
+    p = Pacing(LinkModel(bandwidth_bps=8e6))  # 1 MB/s: 1000 bytes take 1 ms
+    assert p.arrival(10.0, 1000) == 10.0  # an idle downlink: usable when it arrives
+    assert p.arrival(10.5, 1000) == 10.5  # read late or not, the next one is not held behind the first
+    assert p.arrival(10.5, 1000) == pytest.approx(10.501)  # two at once: the second waits for the first's 1 ms
+    assert Pacing(LinkModel()).arrival(3.0, 10**9) == 3.0  # unshaped: never held

@@ -15,7 +15,7 @@ from torch import nn
 import disco
 from disco.data.imagenet import IMAGENETTE_CLASSES, Photos
 from disco.models import load_weights, map_in_order, preprocess_of
-from disco.sparsify.calibrate import activation_scores, recalibrate_bn, reconstruct
+from disco.sparsify.calibrate import activation_scores, bias_sinks, recalibrate_bn, reconstruct
 from disco.tasks.imagenet import imagenet_metrics, share_in
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -268,3 +268,23 @@ def test_reconstruction_of_every_layer_absorbs_upstream_error() -> None:
     assert err["all"] <= err["cut"] * 1.05
     with pytest.raises(ValueError, match="layers must be"):
         reconstruct(dm, dense, lambda: cal, layers="some")
+
+
+def test_reconstruction_folds_the_lost_mean_into_the_next_batch_norm() -> None:
+    """pw1 and pw2 have no bias; after the cut their outputs lose the mean the cut (post-ReLU, positive) channels
+    carried. The refit with a bias folded into bn1/bn2's running mean fits each layer better than without."""
+    torch.manual_seed(1)
+    cal = [torch.randn(32, 3, 8, 8) for _ in range(4)]
+    dense, dm = _cut()
+    _, dm_plain = _cut()
+    assert set(bias_sinks(dm.model, ["pw1", "pw2", "fc"], cal[0])) == {"pw1", "pw2"}  # fc has its own bias
+    means = {n: dm.model.get_submodule(n).running_mean.clone() for n in ("bn1", "bn2")}
+    folded = reconstruct(dm, dense, lambda: cal, ridge=1e-3, fold_bias=True, progress=False)
+    plain = reconstruct(dm_plain, dense, lambda: cal, ridge=1e-3, progress=False)
+    assert folded["pw1"][1] < plain["pw1"][1]
+    assert all(not torch.equal(dm.model.get_submodule(n).running_mean, v) for n, v in means.items())
+    test = torch.randn(64, 3, 8, 8)
+    with torch.no_grad():
+        err = {k: float((m(test) - dense(test)).norm() / dense(test).norm()) for k, m in (("fold", dm),
+                                                                                            ("plain", dm_plain))}
+    assert err["fold"] < err["plain"]

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 
 OPT_LEVELS = ("basic", "extended", "all")
+MORE_POLL_S = 0.002  # run_many with ``more``: how long every inference may wait before new jobs are looked for
 
 
 @functools.cache  # once per process
@@ -126,16 +127,28 @@ class Engine:
         return out
 
     def run_many(self, jobs: list[tuple[list[np.ndarray] | None, int]],
-                 done: Callable[[int, list[np.ndarray]], None], timeout: float) -> None:
+                 done: Callable[[int, list[np.ndarray]], None], timeout: float,
+                 more: Callable[[int], list[tuple[list[np.ndarray] | None, int]]] | None = None) -> None:
         """Run several inferences ``(inputs, seq)`` at once, interleaved on this one thread: while one waits for
         a message, another computes (a served group's requests in flight). ``done(seq, outputs)`` as each ends
-        (rank 0's outputs; [] elsewhere). No message for ``timeout`` s while every one waits: :class:`PeerLost`."""
-        progs = []
-        for inputs, seq in jobs:
-            out: list[np.ndarray] = []
-            progs.append((seq, out, self._program(inputs, seq, out, None, cooperative=True)))
+        (rank 0's outputs; [] elsewhere). ``more(running)``: further jobs that join while these run (a served
+        group admits requests without waiting for the ones in flight to end), asked each round; the call
+        returns once none runs and ``more`` has none. No message for ``timeout`` s while every one waits:
+        :class:`PeerLost`."""
+        progs: list[tuple[int, list[np.ndarray], Iterator[int]]] = []
+
+        def add(new: list[tuple[list[np.ndarray] | None, int]]) -> None:
+            for inputs, seq in new:
+                out: list[np.ndarray] = []
+                progs.append((seq, out, self._program(inputs, seq, out, None, cooperative=True)))
+
+        add(jobs)
         idle_since = time.monotonic()
-        while progs:
+        while True:
+            if more is not None:
+                add(more(len(progs)))
+            if not progs:
+                return
             waiting, moved = set(), False
             for item in list(progs):
                 seq, out, prog = item
@@ -148,8 +161,9 @@ class Engine:
                 moved = moved or self._ran != before
             if moved:
                 idle_since = time.monotonic()
-            elif progs:
-                self.tr.wait_any(waiting, min(p[0] for p in progs), idle_since + timeout)
+            elif progs:  # a new job (``more``) cannot wake the wait: look again soon
+                self.tr.wait_any(waiting, min(p[0] for p in progs), idle_since + timeout,
+                                 cap=MORE_POLL_S if more is not None else None)
 
     def _program(self, inputs: list[np.ndarray] | None, seq: int, out: list[np.ndarray],
                  step_s: list[float] | None, cooperative: bool) -> Iterator[int]:

@@ -40,9 +40,16 @@ def follow(node: Any) -> None:
             if msg.get("lossless"):  # the self-test: fp32 on the wire, as rank 0
                 with node.lossless():
                     eng.infer(None, seq=seq)
-            else:  # with the requests rank 0 started with it, interleaved as rank 0 runs them
-                seqs = [seq] + _more_gos(tr)
-                eng.run_many([(None, s) for s in seqs], lambda s, out: None, tr.timeout)
+            else:  # with the requests rank 0 starts meanwhile, interleaved as rank 0 runs them
+                def more(_running: int) -> list[tuple[None, int]]:
+                    nonlocal last
+                    now = time.monotonic()
+                    if now - last >= STATS_EVERY_S:  # a long run of requests still reports
+                        last = now
+                        tr.send_control(0, {"stats": stats(node)})
+                    return [(None, s) for s in _more_gos(tr)]
+
+                eng.run_many([(None, seq)], lambda s, out: None, tr.timeout, more)
                 tr.flush()
         except Aborted:
             log.info("inference %d (request %s) abandoned by rank 0", seq, msg.get("id"))

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 PARENT_ENV = "DISCO_LAUNCHER_PID"  # as disco_edge.node: set by disco serve's supervisor
 IDLE_POLL_S = 0.05  # rank 0 looks at its connections this often while no request waits
 STATS_EVERY_S = 1.0  # a follower reports its figures at most this often
+ADMIT_S = 1.0  # rank 0 admits arriving requests into the running ones for this long, then reads its members
 
 
 class Unavailable(Exception):
@@ -278,26 +279,43 @@ class Group:
         log.info("self-test passed (rel. err %.2e): ready", err)
 
     def _serve(self, batch: list[Request]) -> None:
-        n, now = self.node, time.monotonic()
-        live = []
-        for r in batch:
-            if r.cancelled:
-                continue
-            if now > r.deadline:
-                r.done(None, "the request's deadline passed while it waited in the queue", 504)
-                continue
-            self.seq += 1
-            r.seq, r.started = self.seq, now
-            self.on_wait(now - r.enqueued)
-            self._go(r.seq, r.id)
-            live.append(r)
-        by_seq = {r.seq: r for r in live}
+        """Run ``batch`` and, for up to ``ADMIT_S``, the requests that arrive meanwhile (at most ``inflight`` at
+        once); then the group looks at its members again (``_housekeeping``) before the next."""
+        n, t_start = self.node, time.monotonic()
+        by_seq: dict[int, Request] = {}
+
+        def start(reqs: list[Request]) -> list[tuple[list[np.ndarray], int]]:
+            now, jobs = time.monotonic(), []
+            for r in reqs:
+                if r.cancelled:
+                    continue
+                if now > r.deadline:
+                    r.done(None, "the request's deadline passed while it waited in the queue", 504)
+                    continue
+                self.seq += 1
+                r.seq, r.started = self.seq, now
+                self.on_wait(now - r.enqueued)
+                self._go(r.seq, r.id)
+                by_seq[r.seq] = r
+                jobs.append((r.inputs, r.seq))
+            return jobs
+
+        def more(running: int) -> list[tuple[list[np.ndarray], int]]:
+            if time.monotonic() - t_start > ADMIT_S or self._stop.is_set():
+                return []
+            reqs = []
+            while running + len(reqs) < self.inflight:
+                try:
+                    reqs.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            return start(reqs)
 
         def finished(seq: int, out: list[np.ndarray]) -> None:
             by_seq.pop(seq).done(out, None, 200)
 
         try:  # the requests interleaved on this thread: one computes while another waits for a message
-            n.engine.run_many([(r.inputs, r.seq) for r in live], finished, n.a.timeout)
+            n.engine.run_many(start(batch), finished, n.a.timeout, more)
             n.tr.flush()
         except PeerLost as e:
             for r in by_seq.values():

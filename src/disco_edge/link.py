@@ -4,6 +4,9 @@ Every node has one interface of ``bandwidth`` bits/s, full duplex, behind one sw
 occupies the sender's uplink for S*8/bandwidth seconds (messages leave one after the other) and arrives after the
 one-way ``latency``; the receiver's downlink is serialised the same way. On an unshaped link (loopback) a pacer
 thread releases each message at its modelled arrival time and the receiver holds it until its downlink is free.
+The node engine's messages carry their release time (:meth:`Pacing.arrival`), so the downlink is modelled when the
+message arrives, not when the engine reads it: a node busy with another request does not delay the messages that
+came meanwhile (the emulation runs every node on one host, whose monotonic clock they share).
 """
 
 from __future__ import annotations
@@ -67,6 +70,15 @@ class Pacing:
         start = max(time.perf_counter(), self._tx_free)
         self._tx_free = start + self.link.wire_time(nbytes)
         return self._tx_free + self.link.latency_s
+
+    def arrival(self, released: float, nbytes: int) -> float:
+        """When a message that its sender's pacer released at ``released`` (its modelled uplink end + latency, on
+        this host's ``perf_counter`` clock) is fully received, its ``nbytes`` serialised on this node's downlink
+        after the messages that came before it. Call in arrival order."""
+        if self.link.bandwidth_bps is None:
+            return released
+        self._rx_free = max(released, self._rx_free + self.link.wire_time(nbytes))
+        return self._rx_free
 
     def downlink(self, nbytes: int) -> None:
         """Hold a received message until this node's downlink would have carried it."""

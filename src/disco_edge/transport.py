@@ -38,7 +38,8 @@ from .errors import Aborted, Failed, PeerLost, Refused
 from .link import LinkModel, Pacing
 
 log = logging.getLogger(__name__)
-_TAG = struct.Struct("<qq")  # tag, seq
+_TAG = struct.Struct("<qqd")  # tag, seq, the pacer's release time (perf_counter s; 0: not paced)
+CLOCK_SKEW_S = 60.0  # a release time further than this from now is another host's clock: taken as "now"
 CHECK_S = 0.1  # a wait looks at the connections' events after this long without a message
 GONE_GRACE_S = 0.5  # a peer whose connection closed is lost once this long has passed without its message
 
@@ -182,8 +183,13 @@ class ZmqTransport:
                 return -1, None
             raise Failed(f"a message from an unauthenticated peer {ident!r} (no hello with this run's token)")
         if kind == b"D":
-            tag, seq = _TAG.unpack(frames[2].bytes)
-            self.stash.setdefault((src, tag, seq), deque()).append(frames[3])
+            tag, seq, released = _TAG.unpack(frames[2].bytes)
+            avail = 0.0
+            if released > 0:  # an emulated link: the message is usable once this node's downlink carried it
+                now = time.perf_counter()
+                avail = self.pacing.arrival(released if abs(released - now) < CLOCK_SKEW_S else now,
+                                            len(frames[3]))
+            self.stash.setdefault((src, tag, seq), deque()).append((frames[3], avail))
         elif kind == b"C":
             msg = json.loads(frames[2].bytes)
             if src == 0 and "abort" in msg:
@@ -246,27 +252,38 @@ class ZmqTransport:
         """The next data message (``src``, ``tag``) of inference ``seq`` as uint8 (zero-copy); its length must be
         ``nbytes``. A message is taken only by the inference whose number it carries, never by another request's
         (the messages of abandoned inferences are dropped by :meth:`purge`)."""
-        frame = self._wait((src, tag, seq), self.timeout, seq if self.serving else None)
+        frame, avail = self._wait((src, tag, seq), self.timeout, seq if self.serving else None)
         if len(frame) != nbytes:
             raise Failed(f"a message from rank {src} (tag {tag}) has {len(frame)} bytes, the schedule says "
                          f"{nbytes} (a peer running another export or codec?)")
-        self.pacing.downlink(nbytes)
+        hold = avail - time.perf_counter()
+        if hold > 0:  # the emulated downlink has not carried it all yet
+            time.sleep(hold)
         return np.frombuffer(frame.buffer, dtype=np.uint8)
 
     def ready(self, src: int, tag: int, seq: int) -> bool:
-        """Whether the data message (``src``, ``tag``) of inference ``seq`` is here (reads what has arrived)."""
+        """Whether the data message (``src``, ``tag``) of inference ``seq`` is here (reads what has arrived), and
+        on an emulated link, whether this node's downlink has carried it."""
         while self.inbox.poll(0):
             self._pump_one()
-        return bool(self.stash.get((src, tag, seq)))
+        box = self.stash.get((src, tag, seq))
+        return bool(box) and box[0][1] <= time.perf_counter()
 
-    def wait_any(self, srcs: set[int], seq: int, deadline: float) -> None:
+    def wait_any(self, srcs: set[int], seq: int, deadline: float, cap: float | None = None) -> None:
         """Wait a little for any message (inferences from ``seq`` on wait for ``srcs``); :class:`PeerLost` past
-        ``deadline`` (monotonic) or when one of ``srcs`` is gone, :class:`Aborted` once rank 0 abandoned ``seq``."""
+        ``deadline`` (monotonic) or when one of ``srcs`` is gone, :class:`Aborted` once rank 0 abandoned ``seq``.
+        ``cap``: wait at most this long (s) even without a message."""
         if self.serving and seq <= self.abort_upto:
             raise Aborted(f"rank 0 abandoned inference {seq}")
         left = deadline - time.monotonic()
         if left <= 0:
             raise PeerLost(min(srcs), f"no message within {self.timeout:.0f} s (a stopped or hung peer)")
+        now = time.perf_counter()  # a message here that the emulated downlink still carries: wake when it is in
+        held = [box[0][1] - now for k, box in self.stash.items() if len(k) == 3 and box and box[0][1] > now]
+        if held:
+            left = min(left, *held)
+        if cap is not None:
+            left = min(left, cap)
         if self.inbox.poll(int(min(left, CHECK_S) * 1000) + 1):
             self._pump_one()
             return
@@ -287,7 +304,13 @@ class ZmqTransport:
         """Post ``buf`` (uint8, kept alive until sent) to ``dst`` under ``tag``, as a message of inference
         ``seq``; never blocks on the peer."""
         self.messages += 1
-        self._emit(dst, [b"D", _TAG.pack(tag, seq), buf], len(buf))
+        if self._error is not None:
+            raise self._error
+        if self._q is None:
+            self.out[dst].send_multipart([b"D", _TAG.pack(tag, seq, 0.0), buf], copy=len(buf) < 65536)
+        else:
+            release = self.pacing.release_time(len(buf))
+            self._q.put((release, dst, [b"D", _TAG.pack(tag, seq, release), buf]))
 
     def send_control(self, dst: int, msg: dict[str, Any]) -> None:
         self._emit(dst, [b"C", json.dumps(msg).encode()])

@@ -73,8 +73,8 @@ def _capture(model: nn.Module, module: nn.Module, x: Tensor) -> Tensor:
     return got[0]
 
 
-def _rows(m: nn.Module, x: Tensor) -> Tensor | None:
-    """A layer's input as [positions, channels] (+ a column of ones for the bias), or None if not refittable."""
+def _rows(m: nn.Module, x: Tensor, bias: bool) -> Tensor | None:
+    """A layer's input as [positions, channels] (+ a column of ones if ``bias``), or None if not refittable."""
     if isinstance(m, nn.Linear):
         flat = x.reshape(-1, x.shape[-1])
     elif (isinstance(m, nn.Conv2d) and m.groups == 1 and m.kernel_size == (1, 1) and m.dilation == (1, 1)
@@ -83,7 +83,40 @@ def _rows(m: nn.Module, x: Tensor) -> Tensor | None:
     else:
         return None
     flat = flat.double()
-    return torch.cat([flat, torch.ones(len(flat), 1, dtype=flat.dtype)], 1) if m.bias is not None else flat
+    return torch.cat([flat, torch.ones(len(flat), 1, dtype=flat.dtype)], 1) if bias else flat
+
+
+def bias_sinks(model: nn.Module, names: list[str], x: Tensor) -> dict[str, nn.Module]:
+    """For each layer of ``names`` without a bias whose output goes straight into a batch norm (and nowhere
+    else that runs before it), that batch norm: a bias of the layer can be folded into its running mean."""
+    out_of: dict[int, tuple[Tensor, str]] = {}  # the tensors are held, so no id is reused during the forward
+    sinks: dict[str, nn.Module] = {}
+    hooks = []
+    for n in names:
+        m = model.get_submodule(n)
+        if getattr(m, "bias", 0) is None:
+            hooks.append(m.register_forward_hook(lambda _m, _a, y, n=n: out_of.__setitem__(id(y), (y, n))))
+
+    def into_bn(bn: nn.Module, args: tuple[Tensor, ...]) -> None:  # returns None: the input is left as it is
+        y, n = out_of.get(id(args[0]), (None, ""))
+        if y is args[0]:
+            sinks.setdefault(n, bn)
+
+    for bn in model.modules():
+        if isinstance(bn, nn.modules.batchnorm._BatchNorm) and bn.track_running_stats:
+            hooks.append(bn.register_forward_pre_hook(into_bn))
+    _forward_with(model, hooks, x)
+    return sinks
+
+
+def _forward_with(model: nn.Module, hooks: list[torch.utils.hooks.RemovableHandle], x: Tensor) -> None:
+    """One forward of ``model`` on ``x`` (no grad), then ``hooks`` removed."""
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def forward_order(model: nn.Module, names: list[str], x: Tensor) -> list[str]:
@@ -91,25 +124,24 @@ def forward_order(model: nn.Module, names: list[str], x: Tensor) -> list[str]:
     seen: list[str] = []
     hooks = [model.get_submodule(n).register_forward_pre_hook(
         lambda _m, _a, n=n: seen.append(n) if n not in seen else None) for n in names]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    _forward_with(model, hooks, x)
     return seen + [n for n in names if n not in seen]
 
 
 @torch.no_grad()
 def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float = 1e-2, layers: str = "all",
-                progress: bool = True) -> dict[str, tuple[float, float]]:
+                fold_bias: bool = False, progress: bool = True) -> dict[str, tuple[float, float]]:
     """Refit the kept weights of ``dm``'s 1x1 convolutions and linear layers (see the module doc), in place.
 
     ``dense``: the dense network (same architecture, same weights before the cut). ``ridge``: lam relative to the
     mean diagonal of each node's H. ``layers``: ``"cut"`` refits only the layers that lost links; ``"all"`` also
     the layers that kept every link but whose inputs moved (they absorb the error of the layers before them, as
     GPTQ's sequential pass does). Returns, per refit layer, the relative output error on the calibration
-    photos before and after the refit: ``{name: (before, after)}``.
+    photos before and after the refit: ``{name: (before, after)}``. ``fold_bias``: a layer without a bias whose
+    output feeds a batch norm is refit with a bias too (the mean the cut links carried), folded into that batch
+    norm's running mean, so the refit model has the same modules and the split stays exact. Off by default: on
+    EfficientNet-Lite0 N=2 r=0.2 (seed 0) it changed nothing (36.1% on the 1000-class sample either way, 67.40
+    against 67.45% on Imagenette).
     """
     if layers not in ("cut", "all"):
         raise ValueError(f"layers must be 'cut' or 'all', got {layers!r}")
@@ -119,6 +151,7 @@ def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float
     by_name = {ly.name: ly for ly in part.layers}
     first = next(iter(batches()))
     order = forward_order(dm.model, list(by_name), first[:1])
+    sinks = bias_sinks(dm.model, order, first[:1]) if fold_bias else {}
     report: dict[str, tuple[float, float]] = {}
     for name in tqdm(order, desc="reconstruct", leave=False, disable=not progress or None):
         ly = by_name[name]
@@ -128,8 +161,11 @@ def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float
             continue  # no link cut into this layer
         h = c = d = None
         moved = False
+        sink = sinks.get(name)
+        has_bias = m_s.bias is not None or sink is not None
         for x in batches():
-            xs, xd = _rows(m_s, _capture(dm.model, m_s, x)), _rows(m_d, _capture(dense, m_d, x))
+            xs, xd = (_rows(m_s, _capture(dm.model, m_s, x), has_bias),
+                      _rows(m_d, _capture(dense, m_d, x), has_bias))
             if xs is None or xd is None:
                 break
             moved = moved or not torch.equal(xs, xd)
@@ -143,10 +179,11 @@ def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float
         if bool(mask.all()) and not moved:
             continue  # every link kept and the same inputs: the dense weights are the solution
         w_d = m_d.weight.detach().reshape(m_d.weight.shape[0], -1).double()  # [O, I]
-        if m_d.bias is not None:
-            w_d = torch.cat([w_d, m_d.bias.detach().double()[:, None]], 1)
+        if has_bias:
+            b_d = m_d.bias.detach().double() if m_d.bias is not None else torch.zeros(len(w_d), dtype=w_d.dtype)
+            w_d = torch.cat([w_d, b_d[:, None]], 1)
         m2 = mask.reshape(mask.shape[0], -1).bool()
-        if m_s.bias is not None:
+        if has_bias:
             m2 = torch.cat([m2, torch.ones(len(m2), 1, dtype=torch.bool)], 1)
         w_new = w_d.clone() * m2
         target = c @ w_d.T  # [I, O]: X_s^T (X_d W_d^T)
@@ -167,6 +204,8 @@ def reconstruct(dm: DiscoModel, dense: nn.Module, batches: Batches, ridge: float
         orig.copy_(torch.where(keep, w_new[:, :n_in].reshape(orig.shape).to(orig.dtype), orig))
         if m_s.bias is not None:
             m_s.bias.copy_(w_new[:, -1].to(m_s.bias.dtype))
+        elif sink is not None:  # BN(y + b) is BN with running mean mu - b
+            sink.running_mean.sub_(w_new[:, -1].to(sink.running_mean.dtype))
         report[name] = (err_before, err_after)
         log.debug("reconstruct %s: output rel. error %.4f -> %.4f", name, err_before, err_after)
     return report
