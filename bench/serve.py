@@ -197,6 +197,7 @@ def load(s: Served, pool: list[np.ndarray], want: list[np.ndarray], clients: int
 
     name = _input_name(s)
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    cpu0, comp0 = _host_cpu(), _compute_s(s.stats())
     def beside() -> None:
         try:
             during(s)
@@ -210,10 +211,12 @@ def load(s: Served, pool: list[np.ndarray], want: list[np.ndarray], clients: int
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu1 = _host_cpu()
     done.set()
     for t in side:
         t.join()
     st = s.stats()
+    comp = _compute_s(st) - comp0
     lat_ms = np.asarray(lat) * 1e3
     out = {"clients": clients, "requests": nxt[0] - clients, "answered": len(lat), "failed": len(failed),
            "wrong": len(wrong), "hung": hung[0], "failed_with_error_body": sum(1 for f in failed if "HTTP" in f),
@@ -224,8 +227,24 @@ def load(s: Served, pool: list[np.ndarray], want: list[np.ndarray], clients: int
            "rss_mb_per_node": {str(r): {"first": v[0], "after_warmup": v[len(v) // 10], "last": v[-1], "max": max(v),
                                         "samples": len(v), "series": v[:: max(1, len(v) // 50)]}
                                for r, v in rss.items()},
-           "peak_rss_mb_per_node": [n.get("peak_rss_mb") for n in st.get("nodes", [])]}
+           "peak_rss_mb_per_node": [n.get("peak_rss_mb") for n in st.get("nodes", [])],
+           # what the host had left: the share of all its cores' time that was busy (every process: nodes, front,
+           # clients), and the nodes' own compute (ONNX Runtime runs) as a share of it
+           "host_cpu_busy": round(1 - (cpu1[1] - cpu0[1]) / max(cpu1[0] - cpu0[0], 1), 3),
+           "nodes_compute_share": round(comp / (wall * (os.cpu_count() or 1)), 3) if wall else None}
     return out
+
+
+def _host_cpu() -> tuple[int, int]:
+    """(all, idle) jiffies of every core since boot (Linux ``/proc/stat``; idle includes iowait)."""
+    f = Path("/proc/stat").read_text().split("\n")[0].split()[1:]
+    v = [int(x) for x in f]
+    return sum(v[:8]), v[3] + v[4]
+
+
+def _compute_s(stats: dict[str, Any]) -> float:
+    """Seconds every node spent in its ONNX Runtime runs so far (each node's last report)."""
+    return sum(float((n.get("totals") or {}).get("compute_s", 0.0)) for n in stats.get("nodes", []))
 
 
 def _input_name(s: Served) -> str:

@@ -288,3 +288,18 @@ def test_reconstruction_folds_the_lost_mean_into_the_next_batch_norm() -> None:
         err = {k: float((m(test) - dense(test)).norm() / dense(test).norm()) for k, m in (("fold", dm),
                                                                                             ("plain", dm_plain))}
     assert err["fold"] < err["plain"]
+
+
+def test_post_bn_scores_weigh_each_layer_by_its_batch_norms_scale() -> None:
+    """A link into pw1, whose batch norm multiplies its output by 100, scores 100x more with ``post_bn``; a
+    link into fc (no batch norm after it) scores the same."""
+    _, dm = _cut()
+    bn1 = dm.model.get_submodule("bn1")
+    with torch.no_grad():
+        bn1.running_var.fill_(1e-4 - bn1.eps)
+        bn1.weight.fill_(1.0)
+    cal = [torch.randn(8, 3, 8, 8)]
+    plain, scaled = activation_scores(dm, lambda: cal), activation_scores(dm, lambda: cal, post_bn=True)
+    by = {ly.name: ly.col_link[ly.col_link >= 0] for ly in dm.partition.layers}
+    assert np.allclose(scaled[by["pw1"]], 100 * plain[by["pw1"]])
+    assert np.allclose(scaled[by["fc"]], plain[by["fc"]])

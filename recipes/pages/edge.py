@@ -4,6 +4,8 @@ the data (a target whose rows are missing says so)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .md import md_table, opt
 
 EDGE, PINGPONG, ARCHITECTURES, FLOOR = "edge", "pingpong", "architectures", "edge_floor"
@@ -20,7 +22,9 @@ def _setting(e: dict) -> str:
                                        "default": " (ONNX Runtime's defaults)"}.get(e.get("sessions"), "")
     split = "dense split" if e["target_ratio"] >= 1 else f"r={e['target_ratio']:g} {e['budget']}"
     return (f"N={e['nodes']} {split}" + (f", {e['codec']}" if e.get("codec", "fp32") != "fp32" else "")
-            + (", input at every node" if e.get("input_at", "leader") != "leader" else ""))
+            + (", input at every node" if e.get("input_at", "leader") != "leader" else "")
+            + (f", the trained split `{Path(e['checkpoint']).parent.name}/{Path(e['checkpoint']).name}`"
+               if e.get("checkpoint") else ""))
 
 
 def _rows(entries: list[dict], model: str) -> list[list[object]]:

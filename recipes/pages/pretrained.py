@@ -46,11 +46,11 @@ def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
 
-def _best(entries: list[dict], name: str) -> tuple[str, list[dict]] | None:
-    """The last stage of ``name`` that has runs, and those runs."""
+def _best(entries: list[dict], name: str, min_seeds: int = 1) -> tuple[str, list[dict]] | None:
+    """The last stage of ``name`` that has runs of at least ``min_seeds`` seeds, and those runs."""
     g = _groups(entries)
     for st in reversed(STAGES):
-        if g.get((name, st)):
+        if len(g.get((name, st), [])) >= min_seeds:
             return st, g[(name, st)]
     return None
 
@@ -82,14 +82,16 @@ def verdicts(entries: list[dict]) -> str:
         if got is None:
             lines.append(f"- {name} {key} {op} {thr:g}: **not measured** (no run)")
             continue
-        st, runs = got
-        xs = [e[key] for e in runs]
-        m, s = mean_std(xs)
-        ok = m >= thr if op == ">=" else m <= thr
-        seeds = _seeds(len(xs))
-        verdict = "met" if ok and len(xs) >= 3 else ("met on fewer than 3 seeds" if ok else "**missed**")
-        lines.append(f"- {name} {key} {op} {thr:g}: {m:.2f} ± {s:.2f} ({seeds}, stage {st}): {verdict}"
-                     + ("" if ok else f" by {abs(m - thr):.2f}"))
+        cells = []
+        three = _best(entries, name, 3)  # the last stage with 3 seeds too, where the last one has fewer
+        for st, runs in [got] + ([three] if three and three[0] != got[0] else []):
+            xs = [e[key] for e in runs]
+            m, s = mean_std(xs)
+            ok = m >= thr if op == ">=" else m <= thr
+            verdict = "met" if ok and len(xs) >= 3 else ("met on fewer than 3 seeds" if ok else "**missed**")
+            cells.append(f"{m:.2f} ± {s:.2f} ({_seeds(len(xs))}, stage {st}): {verdict}"
+                         + ("" if ok else f" by {abs(m - thr):.2f}"))
+        lines.append(f"- {name} {key} {op} {thr:g}: " + "; ".join(cells))
     g = _groups(entries)
     for name in dict.fromkeys(e["name"] for e in entries if e["nodes"] == 2 and e["target_ratio"] > 0):
         both = [st for st in STAGES if g.get((name, st)) and g.get(("n2_r0", st))]
@@ -165,7 +167,10 @@ pool (half Imagenette train, half COCO128 / CamVid / BSD100 / T91 / Set14), draw
 `reconstructed` (the cut network + the layer-wise least-squares refit of every 1x1 convolution and the
 classifier, dense statistics), `finetuned` (the reconstructed network distilled from the dense one on mixed
 photos, watched by the guard). Selection `activation`: each link's weights weighted by the mean square of its
-channel on the calibration photos; `separated`: r = 0.
+channel on the calibration photos (a data-aware magnitude score, not a trained lasso); `activation_bn`: also by
+the square of the scale of the batch norm its layer feeds; `separated`: r = 0. Budget `global`: links ranked
+across layers; `layer`: every tensor keeps r; `joint`: + FLOPs <= 0.6x and weights per node <= 0.35x.
+Settings run on one seed are screens; a claim is decided on 3 seeds.
 
 ## Every setting and stage (mean ± std over seeds)
 

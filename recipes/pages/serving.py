@@ -4,6 +4,8 @@ says so)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .md import md_table, opt
 
 SERVE = "serve"
@@ -30,9 +32,10 @@ def _load_table(data: dict) -> str:
         rows.append([server, _link(e), e["clients"], e["requests"], opt(e.get("throughput_per_s"), "{:.1f}"),
                      opt(e.get("latency_ms_p50"), "{:.0f}"), opt(e.get("latency_ms_p99"), "{:.0f}"), e["failed"],
                      e["wrong"], e["hung"], opt(_peak(e, 0), "{:.0f}"),
-                     opt(_peak(e, 1) if e["server"] != "whole" else None, "{:.0f}")])
+                     opt(_peak(e, 1) if e["server"] != "whole" else None, "{:.0f}"),
+                     opt(e.get("host_cpu_busy"), "{:.0%}")])
     return md_table(rows, ["server", "link", "clients K", "requests", "answers/s", "p50 ms", "p99 ms", "failed",
-                           "wrong", "hung", "rank 0 peak RSS MB", "rank 1 peak RSS MB"])
+                           "wrong", "hung", "rank 0 peak RSS MB", "rank 1 peak RSS MB", "host CPU busy"])
 
 
 def _fault_table(data: dict) -> str:
@@ -46,6 +49,20 @@ def _fault_table(data: dict) -> str:
     return md_table(rows, ["link", "clients K", "requests", "answered", "failed", "failed with an error body",
                            "wrong", "hung", "not ready after the kill (s)", "down (s)",
                            "ready again after the restart (s)", "rank 1 load time (s)"])
+
+
+def _drift(r: dict) -> tuple[float, float]:
+    """(median of the second tenth of the RSS samples against the median of the last tenth, the single sample a
+    tenth in against the last): relative changes. The samples dip right after each heap trim, so single samples
+    are noisy; the medians of the sampled series (``series``, about 50 evenly spaced samples) are not."""
+    ref = r.get("after_warmup", r["first"])
+    single = abs(r["last"] - ref) / ref
+    v = r.get("series") or []
+    if len(v) < 20:
+        return single, single
+    k = len(v) // 10
+    a, b = float(np.median(v[k:2 * k])), float(np.median(v[-k:]))
+    return abs(b - a) / a, single
 
 
 def _verdict(ok: bool | None) -> str:
@@ -83,28 +100,34 @@ def _targets(data: dict) -> list[str]:
         by_k = {e["clients"]: e for e in _runs(data, "load", server="split", codec=link[0], bandwidth=link[1])}
         if 1 in by_k and 16 in by_k:
             g = by_k[16]["throughput_per_s"] / by_k[1]["throughput_per_s"]
+            busy, busy16 = by_k[1].get("host_cpu_busy"), by_k[16].get("host_cpu_busy")
+            cap = (f" The host's {data['setup'].get('host_cpus')} cores (nodes, front and clients on the same "
+                   f"ones) were {busy:.0%} busy at K=1 and {busy16:.0%} at K=16: the overlap filled what the host "
+                   "had left; on devices with a CPU each, a node's idle time while its messages travel is what it "
+                   "fills." if busy and busy16 else "")
             out.append(f"At 1 Gbit/s ({link[0]}), throughput at K=16 >= 1.3x that at K=1: "
                        f"{by_k[16]['throughput_per_s']:.1f}/s against {by_k[1]['throughput_per_s']:.1f}/s, {g:.2f}x: "
-                       f"**{_verdict(g >= 1.3)}**.")
+                       f"**{_verdict(g >= 1.3)}**.{cap}")
     drift = []
     for e in _runs(data, "load", server="split"):
         for rank, r in (e.get("rss_mb_per_node") or {}).items():
             if r.get("samples", 0) >= 2:
-                ref = r.get("after_warmup", r["first"])
-                drift.append((abs(r["last"] - ref) / ref, e["requests"], rank))
+                drift.append((*_drift(r), e["requests"], rank))
     if drift:
         worst = max(drift)
-        n = max(d[1] for d in drift)
-        long = [d for d in drift if d[1] >= TARGET_REQUESTS]
+        n = max(d[2] for d in drift)
+        long = [d for d in drift if d[2] >= TARGET_REQUESTS]
         if long:
             w = max(long)
             out.append(f"Node RSS flat (drift < 1%) over {TARGET_REQUESTS:,} requests: the largest change of a "
-                       f"node's RSS from a tenth into the run to its end is {w[0]:.2%} (rank {w[2]}, {w[1]} requests):"
-                       f" **{_verdict(w[0] < 0.01)}**.")
+                       f"node's RSS (median of the run's second tenth of samples against the median of its last "
+                       f"tenth; the first tenth is the warm-up) is {w[0]:.2%} (rank {w[3]}, {w[2]} requests; from "
+                       f"the single sample a tenth into the run to the last one: {w[1]:.2%}): "
+                       f"**{_verdict(w[0] < 0.01)}**.")
         else:
             out.append(f"Node RSS flat (drift < 1%) over {TARGET_REQUESTS:,} requests: **not measured** (the longest "
-                       f"run had {n} requests; the largest change of a node's RSS from its first sample, or a tenth "
-                       f"into the run, to its end was {worst[0]:.2%}, rank {worst[2]}).")
+                       f"run had {n} requests; the largest change of a node's RSS over a run was {worst[0]:.2%}, "
+                       f"rank {worst[3]}).")
     load_s = next((e["rank1_load_s"] for e in _runs(data, "load_time")), None)
     for e in _runs(data, "fault"):
         f = e.get("fault", {})

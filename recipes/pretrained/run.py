@@ -49,8 +49,9 @@ CAPS = {"max_flops": 0.6, "max_weights_per_node": 0.35}  # the joint budget
 class Setting:
     nodes: int
     ratio: float
-    budget: str = "global"
-    selection: str = "activation"  # activation (calibration-weighted magnitude), magnitude or random
+    budget: str = "global"  # global (ranked across layers), layer (every tensor keeps r) or joint (+ the caps)
+    selection: str = "activation"  # activation (calibration-weighted magnitude), activation_bn (also weighted by
+    # the next batch norm's scale), magnitude, random or separated (no link)
     refit: str = "cut"  # reconstruct only the 1x1 convolutions and linear layers that lost links, or "all" of them
 
 
@@ -63,6 +64,8 @@ SETTINGS = {
     "n2_r0": Setting(2, 0.0, selection="separated"),
     "n2_r0.2_magnitude": Setting(2, 0.2, selection="magnitude"),
     "n2_r0.2_refitall": Setting(2, 0.2, refit="all"),
+    "n2_r0.2_bn": Setting(2, 0.2, selection="activation_bn"),
+    "n2_r0.2_layer": Setting(2, 0.2, "layer"),
 }
 
 
@@ -112,8 +115,8 @@ def scores_for(dm: Any, s: Setting, calib_batches: Any, seed: int) -> Any:
     from disco.sparsify import magnitude_scores, random_scores
     from disco.sparsify.calibrate import activation_scores
 
-    if s.selection == "activation":
-        return activation_scores(dm, calib_batches)
+    if s.selection in ("activation", "activation_bn"):
+        return activation_scores(dm, calib_batches, post_bn=s.selection == "activation_bn")
     if s.selection == "random":
         return random_scores(dm.partition.n_links, seed)
     return magnitude_scores(dm)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from .errors import Aborted, Failed, PeerLost
-from .group import STATS_EVERY_S
+from .group import STATS_EVERY_S, trim_heap
 from .procstat import peak_rss_mb, rss_mb
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def follow(node: Any) -> None:
                     now = time.monotonic()
                     if now - last >= STATS_EVERY_S:  # a long run of requests still reports
                         last = now
+                        trim_heap()
                         tr.send_control(0, {"stats": stats(node)})
                     return [(None, s) for s in _more_gos(tr)]
 
@@ -67,6 +68,7 @@ def follow(node: Any) -> None:
         now = time.monotonic()
         if now - last >= STATS_EVERY_S or msg.get("lossless"):
             last = now
+            trim_heap()
             tr.send_control(0, {"stats": stats(node)})
 
 

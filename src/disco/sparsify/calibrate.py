@@ -219,10 +219,13 @@ def _rel_err(h: Tensor, c: Tensor, d: Tensor, w_d: Tensor, w: Tensor) -> float:
 
 
 @torch.no_grad()
-def activation_scores(dm: DiscoModel, batches: Batches) -> np.ndarray:
+def activation_scores(dm: DiscoModel, batches: Batches, post_bn: bool = False) -> np.ndarray:
     """Link scores weighted by calibration activations: sqrt(sum over a link's weights of w^2 * E[x_c^2]), with
     x_c the input channel c of the consuming layer on the uncut network (``dm`` with every link kept, or any
-    kept set: the masks are lifted while it measures)."""
+    kept set: the masks are lifted while it measures). ``post_bn``: each output row also weighted by
+    (gamma / sqrt(var + eps))^2 of the batch norm the layer feeds (:func:`bias_sinks`), so a link scores what it
+    adds to the normalised activation: layers whose raw outputs are small but scaled up by their batch norm are
+    not cut first (scores comparable across layers, as magnitude pruning on BN-folded weights)."""
     part = dm.partition
     kept = dm.kept.copy()
     dm.set_kept(part.all_links())
@@ -240,17 +243,26 @@ def activation_scores(dm: DiscoModel, batches: Batches) -> np.ndarray:
         return f
 
     hooks = [dm.model.get_submodule(ly.name).register_forward_pre_hook(hook(ly.name)) for ly in part.layers]
+    first = None
     try:
         dm.eval()
         for x in batches():
+            first = x[:1] if first is None else first
             dm(x)
     finally:
         for h in hooks:
             h.remove()
         dm.set_kept(kept)
+    sinks = bias_sinks(dm.model, [ly.name for ly in part.layers], first) if post_bn else {}
     oi = []
     for ly in part.layers:
         w2 = ly.rule.to_oi(ly.view(dm.model), _original(dm, ly).detach().double().pow(2))
+        bn = sinks.get(ly.name)
+        if bn is not None and bn.num_features == w2.shape[0]:
+            scale = bn.running_var.double().add(bn.eps).rsqrt()
+            if bn.weight is not None:
+                scale = scale * bn.weight.detach().double()
+            w2 = w2 * scale.pow(2)[:, None]
         ms = sums[ly.name]
         if ms is not None and ms.numel() == w2.shape[1]:
             w2 = w2 * (ms / max(count[ly.name], 1))[None, :]
