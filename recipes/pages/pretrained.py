@@ -93,7 +93,8 @@ def verdicts(entries: list[dict]) -> str:
                          + ("" if ok else f" by {abs(m - thr):.2f}"))
         lines.append(f"- {name} {key} {op} {thr:g}: " + "; ".join(cells))
     g = _groups(entries)
-    for name in dict.fromkeys(e["name"] for e in entries if e["nodes"] == 2 and e["target_ratio"] > 0):
+    for name in dict.fromkeys(e["name"] for e in entries if e["nodes"] == 2 and e["target_ratio"] > 0
+                              and ":" not in e["name"]):  # not the distillation variants (NAME:TAG)
         both = [st for st in STAGES if g.get((name, st)) and g.get(("n2_r0", st))]
         if not both:  # the comparison is made at the same stage, the last one both have
             lines.append(f"- {name} >= separated branches + 5 on the sample: no stage measured for both")
@@ -109,7 +110,8 @@ def verdicts(entries: list[dict]) -> str:
         (lm, ls), (rm, rs) = (mean_std([e["top1_sample1000"] for e in r[1]]) for r in (lasso, rnd))
         ok = lm - rm >= 1.0 and lm - ls > rm + rs
         lines.append(f"- N=4 r=0.1, {lasso[1][0]['selection']} selection above random by >= 1 point, mean - std "
-                     f"above random's mean + std: {lm:.2f} ± {ls:.2f} against {rm:.2f} ± {rs:.2f}: "
+                     f"above random's mean + std: {lm:.2f} ± {ls:.2f} ({_seeds(len(lasso[1]))}, stage {lasso[0]}) "
+                     f"against {rm:.2f} ± {rs:.2f} ({_seeds(len(rnd[1]))}, stage {rnd[0]}): "
                      f"{'met' if ok else '**missed**'}")
     return "\n".join(lines)
 
