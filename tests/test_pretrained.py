@@ -182,9 +182,17 @@ def test_guard_stops_a_collapse(tmp_path: Path) -> None:
     g = guard_check(student, torch.zeros(12, dtype=torch.long), pool, pre, 16)
     assert g["share_guard_other"] == 100.0
     cfg = FinetuneConfig(images=8, batch_size=4, size=16, guard_every=4, max_share_rise=10.0)
+    start = {k: v.clone() for k, v in student.state_dict().items()}
     res = distill(student, teacher, "fc", pool, pool, pre, cfg, 0, tmp_path / "state.pt")
     assert res["stopped"] and res["stopped"].startswith("collapse")
     assert res["train_images_seen"] == 4  # stopped at the first check
+    assert res["best_images"] == 0  # a collapsed state is never kept, whatever its agreement: the start is
+    assert all(torch.equal(v, start[k]) for k, v in student.state_dict().items())
+    from recipes.pretrained.finetune import better
+
+    assert better({"agree_guard": 60.0, "share_guard_other": 5.0}, 50.0, 1.0, 10.0)
+    assert not better({"agree_guard": 60.0, "share_guard_other": 53.0}, 50.0, 1.0, 10.0)  # more agreement, but
+    assert not better({"agree_guard": 40.0, "share_guard_other": 5.0}, 50.0, 1.0, 10.0)  # collapsed / worse
 
 
 def _tiny_checkpoint(tmp_path: Path) -> Path:

@@ -16,7 +16,8 @@
 - **The guard** (no photo of either evaluation set): every ``guard_every`` images, top-1 agreement with the
   teacher on a held-out part of the pool, and the share of the held-out *non-Imagenette* photos the student
   calls an Imagenette class. The best state by agreement is kept; a share above the teacher's by more than
-  ``max_share_rise`` points stops the run (collapse) and the best state is restored.
+  ``max_share_rise`` points stops the run (collapse) and the best state is restored (a collapsed state is never
+  the best one, even where its agreement rose; the starting state is kept if no other qualifies).
 - Resumable: the state (weights, optimiser, step, curve) is saved at every guard check.
 """
 
@@ -126,6 +127,12 @@ def guard_check(student: nn.Module, teacher_pred: Tensor, guard: Photos, pre: di
     return {"agree_guard": 100.0 * float((p == teacher_pred).float().mean()), "share_guard_other": share}
 
 
+def better(g: dict[str, float], best_agree: float, t_share: float, max_share_rise: float) -> bool:
+    """Whether the guard's figures ``g`` make a state the new best: more agreement with the teacher, and not
+    collapsed (a share in the fine-tuning classes no more than ``max_share_rise`` points above the teacher's)."""
+    return g["agree_guard"] > best_agree and g["share_guard_other"] <= t_share + max_share_rise
+
+
 def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, guard: Photos, pre: dict[str, Any],
             cfg: FinetuneConfig, seed: int, state_path: Path) -> dict[str, Any]:
     """Fine-tune ``student`` (in place; a DiscoModel's masks stay applied) by distillation; returns the curve and
@@ -187,9 +194,11 @@ def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, gua
             st["curve"].append({"images": images, **g, "loss": float(loss.detach()), "kl": float(kl.detach()),
                                 "feat": float(feat.detach()), "seconds": round(time.perf_counter() - t0, 1)})
             log.info("distill %d/%d images: %s", images, steps * cfg.batch_size, st["curve"][-1])
-            if g["agree_guard"] > st["best_agree"]:
+            collapsed = g["share_guard_other"] > t_share + cfg.max_share_rise
+            if better(g, st["best_agree"], t_share, cfg.max_share_rise):
                 st["best_agree"], st["best"] = g["agree_guard"], {k: v.clone() for k, v in student.state_dict().items()}
-            if g["share_guard_other"] > t_share + cfg.max_share_rise:
+                st["best_images"] = images
+            if collapsed:
                 st["stopped"] = (f"collapse: {g['share_guard_other']:.1f}% of the guard's non-Imagenette photos "
                                  f"called an Imagenette class (teacher {t_share:.1f}%)")
                 log.warning("distillation stopped at %d images: %s", images, st["stopped"])
@@ -198,6 +207,5 @@ def distill(student: nn.Module, teacher: nn.Module, head: str, pool: Photos, gua
                         "gen": gen.get_state(), "st": st}, tmp)
             tmp.replace(state_path)
     student.load_state_dict(st["best"])
-    best_at = max(st["curve"], key=lambda c: c["agree_guard"])["images"]
-    return {"curve": st["curve"], "stopped": st["stopped"], "best_images": best_at,
+    return {"curve": st["curve"], "stopped": st["stopped"], "best_images": st.get("best_images", 0),
             "train_images_seen": st["step"] * cfg.batch_size}
