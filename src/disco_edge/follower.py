@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from .errors import Aborted, Failed, PeerLost
-from .group import STATS_EVERY_S, trim_heap
-from .procstat import peak_rss_mb, rss_mb
+from .group import STATS_EVERY_S
+from .procstat import peak_rss_mb, rss_mb, trim_heap
 
 log = logging.getLogger(__name__)
 IDLE_S = 1e9  # a follower waits for rank 0 as long as its connection stays up

@@ -24,25 +24,13 @@ from typing import Any
 import numpy as np
 
 from .errors import Failed, PeerLost, WrongAnswer
-from .procstat import peak_rss_mb, release_free_memory, rss_mb
+from .procstat import peak_rss_mb, rss_mb, trim_heap
 
 log = logging.getLogger(__name__)
 PARENT_ENV = "DISCO_LAUNCHER_PID"  # as disco_edge.node: set by disco serve's supervisor
 IDLE_POLL_S = 0.05  # rank 0 looks at its connections this often while no request waits
 STATS_EVERY_S = 1.0  # a follower reports its figures at most this often
-TRIM_EVERY_S = 10.0  # the C heap's freed pages go back to the system this often (RSS shows what is in use)
 ADMIT_S = 1.0  # rank 0 admits arriving requests into the running ones for this long, then reads its members
-
-
-_last_trim = [0.0]
-
-
-def trim_heap() -> None:
-    """:func:`release_free_memory` at most every ``TRIM_EVERY_S`` (a served node's RSS stays what it uses)."""
-    now = time.monotonic()
-    if now - _last_trim[0] >= TRIM_EVERY_S:
-        _last_trim[0] = now
-        release_free_memory()
 
 
 class Unavailable(Exception):

@@ -90,7 +90,7 @@ class GroupTransport(ZmqTransport):
         self.close_out(j)
         self.addrs[j] = addr
         self._connect(j, addr, {"rank": 0, "nodes": self.nodes})
-        self._emit(j, [b"C", json.dumps({"peers": self.addrs, "serve": True}).encode()])
+        self.send_control(j, {"peers": self.addrs, "serve": True})
         for k in members - {0, j}:
             self.send_control(k, {"peers": self.addrs})
 

@@ -8,6 +8,7 @@ import functools
 import os
 import resource
 import sys
+import time
 from typing import Any
 
 _MB = 2**20
@@ -67,3 +68,15 @@ def release_free_memory() -> None:
 def torch_loaded() -> bool:
     """Whether ``torch`` is imported in this process (a torch-free engine must end with False)."""
     return sys.modules.get("torch") is not None
+
+
+TRIM_EVERY_S = 10.0  # a served node gives its C heap's freed pages back this often (its RSS shows what is in use)
+_last_trim = [0.0]
+
+
+def trim_heap() -> None:
+    """:func:`release_free_memory` at most every ``TRIM_EVERY_S`` (called from a served node's loops)."""
+    now = time.monotonic()
+    if now - _last_trim[0] >= TRIM_EVERY_S:
+        _last_trim[0] = now
+        release_free_memory()

@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -133,7 +134,7 @@ class ZmqTransport:
                 self.addrs[j] = h["addr"]
             for j in range(1, self.nodes):
                 self._connect(j, self.addrs[j], {"rank": 0, "nodes": self.nodes})
-                self._emit(j, [b"C", json.dumps({"peers": self.addrs}).encode()])
+                self.send_control(j, {"peers": self.addrs})
             return
         mine = self.bind(f"{host}:0")
         self._connect(0, f"tcp://{leader}", {"rank": self.rank, "nodes": self.nodes, "addr": mine})
@@ -304,24 +305,23 @@ class ZmqTransport:
         """Post ``buf`` (uint8, kept alive until sent) to ``dst`` under ``tag``, as a message of inference
         ``seq``; never blocks on the peer."""
         self.messages += 1
-        if self._error is not None:
-            raise self._error
-        if self._q is None:
-            self.out[dst].send_multipart([b"D", _TAG.pack(tag, seq, 0.0), buf], copy=len(buf) < 65536)
-        else:
-            release = self.pacing.release_time(len(buf))
-            self._q.put((release, dst, [b"D", _TAG.pack(tag, seq, release), buf]))
+        self._emit(dst, lambda release: [b"D", _TAG.pack(tag, seq, release), buf], len(buf))
 
     def send_control(self, dst: int, msg: dict[str, Any]) -> None:
-        self._emit(dst, [b"C", json.dumps(msg).encode()])
+        body = json.dumps(msg).encode()
+        self._emit(dst, lambda _release: [b"C", body])
 
-    def _emit(self, dst: int, frames: list[Any], nbytes: int = 0) -> None:
+    def _emit(self, dst: int, frames_at: Callable[[float], list[Any]], nbytes: int = 0) -> None:
+        """Send the frames ``frames_at(release)`` make, ``release`` being the pacer's modelled arrival time on an
+        emulated link (0.0: sent at once)."""
         if self._error is not None:
             raise self._error
         if self._q is None:
+            frames = frames_at(0.0)
             self.out[dst].send_multipart(frames, copy=len(frames[-1]) < 65536)
         else:
-            self._q.put((self.pacing.release_time(nbytes), dst, frames))
+            release = self.pacing.release_time(nbytes)
+            self._q.put((release, dst, frames_at(release)))
 
     def _pace_loop(self) -> None:
         while True:
