@@ -51,7 +51,8 @@ class Setting:
     ratio: float
     budget: str = "global"  # global (ranked across layers), layer (every tensor keeps r) or joint (+ the caps)
     selection: str = "activation"  # activation (calibration-weighted magnitude), activation_bn (also weighted by
-    # the next batch norm's scale), magnitude, random or separated (no link)
+    # the next batch norm's scale), greedy (forward selection by reconstruction error, weighted by each layer's
+    # output sensitivity), greedy_flat (unweighted), magnitude, random or separated (no link)
     refit: str = "cut"  # reconstruct only the 1x1 convolutions and linear layers that lost links, or "all" of them
 
 
@@ -66,6 +67,13 @@ SETTINGS = {
     "n2_r0.2_refitall": Setting(2, 0.2, refit="all"),
     "n2_r0.2_bn": Setting(2, 0.2, selection="activation_bn"),
     "n2_r0.2_layer": Setting(2, 0.2, "layer"),
+    "n2_r0.2_greedy": Setting(2, 0.2, selection="greedy"),
+    "n2_r0.2_greedy_flat": Setting(2, 0.2, selection="greedy_flat"),
+    "n2_r0.2_greedy_refitall": Setting(2, 0.2, selection="greedy", refit="all"),
+    "n2_r0.1_greedy": Setting(2, 0.1, selection="greedy"),
+    "n4_r0.1_greedy": Setting(4, 0.1, selection="greedy"),
+    "n4_r0.1_greedy_flat": Setting(4, 0.1, selection="greedy_flat"),
+    "n2_r0.2_joint_greedy": Setting(2, 0.2, "joint", selection="greedy"),
 }
 
 
@@ -114,7 +122,10 @@ def batches_of(photos: Any, pre: dict[str, Any], size: int = 224, bs: int = 32) 
 def scores_for(dm: Any, s: Setting, calib_batches: Any, seed: int) -> Any:
     from disco.sparsify import magnitude_scores, random_scores
     from disco.sparsify.calibrate import activation_scores
+    from disco.sparsify.greedy import greedy_scores
 
+    if s.selection in ("greedy", "greedy_flat"):
+        return greedy_scores(dm, calib_batches, sensitivity=s.selection == "greedy")
     if s.selection in ("activation", "activation_bn"):
         return activation_scores(dm, calib_batches, post_bn=s.selection == "activation_bn")
     if s.selection == "random":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def _cached(key: str, build: Callable[[], tuple[np.ndarray, np.ndarray, list[str
         return Photos(torch.from_numpy(z["images"]), torch.from_numpy(z["labels"]), list(z["source"]))
     log.info("decoding photos (%s) into %s", key[:80], f)
     imgs, labels, source = build()
-    tmp = f.with_name(f.name + ".tmp.npz")
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp.npz")  # two runs may decode the same set at once
     np.savez(tmp, images=imgs, labels=labels, source=np.array(source))
     tmp.replace(f)
     return Photos(torch.from_numpy(imgs), torch.from_numpy(labels), source)
