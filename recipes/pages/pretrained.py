@@ -84,8 +84,7 @@ def verdicts(entries: list[dict]) -> str:
     for base, key, thr, op in TARGETS:
         for name in [base] + [base + v for v in VARIANTS if base + v in names]:
             lines.append(_verdict(entries, name, key, thr, op))
-    _compare(entries, lines)
-    return "\n".join(lines)
+    return "\n".join(lines + _compare(entries))
 
 
 def _verdict(entries: list[dict], name: str, key: str, thr: float, op: str) -> str:
@@ -105,8 +104,9 @@ def _verdict(entries: list[dict], name: str, key: str, thr: float, op: str) -> s
     return f"- {name} {key} {op} {thr:g}: " + "; ".join(cells)
 
 
-def _compare(entries: list[dict], lines: list[str]) -> None:
+def _compare(entries: list[dict]) -> list[str]:
     """The comparisons: every N=2 setting against separated branches, the N=4 selections against random."""
+    lines: list[str] = []
     g = _groups(entries)
     for name in dict.fromkeys(e["name"] for e in entries if e["nodes"] == 2 and e["target_ratio"] > 0
                               and ":" not in e["name"]):  # not the distillation variants (NAME:TAG)
@@ -131,6 +131,7 @@ def _compare(entries: list[dict], lines: list[str]) -> None:
                      f"above random's mean + std: {lm:.2f} ± {ls:.2f} ({_seeds(len(lasso[1]))}, stage {lasso[0]}) "
                      f"against {rm:.2f} ± {rs:.2f} ({_seeds(len(rnd[1]))}, stage {rnd[0]}): "
                      f"{('met' if n >= 3 else 'met on fewer than 3 seeds') if ok else '**missed**'}")
+    return lines
 
 
 def curves(entries: list[dict]) -> str:

@@ -16,7 +16,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -47,6 +48,19 @@ def recalibrate_bn(model: nn.Module, batches: Batches) -> int:
         m.momentum = mom
     model.eval()
     return len(bns)
+
+
+@contextmanager
+def uncut(dm: DiscoModel) -> Iterator[DiscoModel]:
+    """``dm`` in eval mode with every link kept (the dense network) inside the block; its kept set is put back
+    after, also on an error."""
+    kept = dm.kept.copy()
+    dm.set_kept(dm.partition.all_links())
+    try:
+        dm.eval()
+        yield dm
+    finally:
+        dm.set_kept(kept)
 
 
 class _Stop(Exception):
@@ -227,8 +241,6 @@ def activation_scores(dm: DiscoModel, batches: Batches, post_bn: bool = False) -
     adds to the normalised activation: layers whose raw outputs are small but scaled up by their batch norm are
     not cut first (scores comparable across layers, as magnitude pruning on BN-folded weights)."""
     part = dm.partition
-    kept = dm.kept.copy()
-    dm.set_kept(part.all_links())
     sums = {ly.name: None for ly in part.layers}
     count = {ly.name: 0 for ly in part.layers}
 
@@ -245,14 +257,13 @@ def activation_scores(dm: DiscoModel, batches: Batches, post_bn: bool = False) -
     hooks = [dm.model.get_submodule(ly.name).register_forward_pre_hook(hook(ly.name)) for ly in part.layers]
     first = None
     try:
-        dm.eval()
-        for x in batches():
-            first = x[:1] if first is None else first
-            dm(x)
+        with uncut(dm):
+            for x in batches():
+                first = x[:1] if first is None else first
+                dm(x)
     finally:
         for h in hooks:
             h.remove()
-        dm.set_kept(kept)
     sinks = bias_sinks(dm.model, [ly.name for ly in part.layers], first) if post_bn else {}
     oi = []
     for ly in part.layers:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..masks import DiscoModel
-from .calibrate import Batches, _rows
+from .calibrate import Batches, _rows, uncut
 from .scores import _original
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ def input_covariances(dm: DiscoModel, batches: Batches) -> dict[str, tuple[Tenso
     """(H = X^T X, rows of X) (float64, + a ones column for a layer with a bias) of every 1x1 convolution and
     linear layer of ``dm``, on its uncut inputs over ``batches`` (the masks are lifted while it measures)."""
     part = dm.partition
-    kept = dm.kept.copy()
-    dm.set_kept(part.all_links())
     cov: dict[str, tuple[Tensor, int]] = {}
 
     def hook(name: str, m: nn.Module):  # noqa: ANN202
@@ -61,13 +59,12 @@ def input_covariances(dm: DiscoModel, batches: Batches) -> dict[str, tuple[Tenso
     hooks = [dm.model.get_submodule(ly.name).register_forward_pre_hook(hook(ly.name, dm.model.get_submodule(
         ly.name))) for ly in part.layers]
     try:
-        dm.eval()
-        for x in batches():
-            dm(x)
+        with uncut(dm):
+            for x in batches():
+                dm(x)
     finally:
         for h in hooks:
             h.remove()
-        dm.set_kept(kept)
     return cov
 
 
@@ -125,10 +122,7 @@ def layer_sensitivity(dm: DiscoModel, batches: Batches, rel: float = 0.1, max_ba
     (Independent noise per position would be averaged away by pooling and smoothing that a cut's spatially
     coherent error is not.)"""
     part = dm.partition
-    kept = dm.kept.copy()
-    dm.set_kept(part.all_links())
     xs = [x for _, x in zip(range(max_batches), batches(), strict=False)]
-    dm.eval()
     gen = torch.Generator().manual_seed(seed)
 
     busy = []
@@ -138,15 +132,14 @@ def layer_sensitivity(dm: DiscoModel, batches: Batches, rel: float = 0.1, max_ba
             return None
         busy.append(1)
         try:  # the module's own forward (its padding and all); every link is kept, so the mask is all ones
-            d = torch.func.functional_call(m, {**params, **({"bias": torch.zeros_like(m.bias)} if getattr(
-                m, "bias", None) is not None else {})}, args)
+            d = torch.func.functional_call(m, params, args)  # params: this layer's, set below
         finally:
             busy.clear()
         dims = [i for i in range(y.dim()) if i != (1 if y.dim() == 4 else y.dim() - 1)]
         scale = y.pow(2).mean(dims, keepdim=True).sqrt() / d.pow(2).mean(dims, keepdim=True).sqrt().clamp_min(1e-30)
         return y + rel * scale * d
 
-    try:
+    with uncut(dm):
         clean = [dm(x) for x in xs]
         ref = max(sum(float(c.pow(2).sum()) for c in clean), 1e-30)
         out: dict[str, float] = {}
@@ -156,15 +149,14 @@ def layer_sensitivity(dm: DiscoModel, batches: Batches, rel: float = 0.1, max_ba
                 continue
             w = dict(m.named_parameters())
             key = "parametrizations.weight.original" if "parametrizations.weight.original" in w else "weight"
-            params = {key: torch.randn(w[key].shape, generator=gen, dtype=w[key].dtype).to(w[key].device)}
+            params = {key: torch.randn(w[key].shape, generator=gen, dtype=w[key].dtype).to(w[key].device),
+                      **({"bias": torch.zeros_like(m.bias)} if m.bias is not None else {})}
             h = m.register_forward_hook(noisy)
             try:
                 num = sum(float((dm(x) - c).pow(2).sum()) for x, c in zip(xs, clean, strict=True))
             finally:
                 h.remove()
             out[ly.name] = num / ref / rel ** 2
-    finally:
-        dm.set_kept(kept)
     return out
 
 
@@ -189,10 +181,9 @@ def greedy_scores(dm: DiscoModel, batches: Batches, sensitivity: bool = True, pr
         h = shrunk(h.numpy(), n)
         w = _original(dm, ly).detach().double()
         w = w.reshape(w.shape[0], -1).numpy()  # [O, I]
-        bias = h.shape[0] == w.shape[1] + 1
-        if bias:  # the constant column: a bias is always local
-            b = dm.model.get_submodule(ly.name).bias.detach().double().numpy()
-            w = np.concatenate([w, b[:, None]], 1)
+        bias = dm.model.get_submodule(ly.name).bias
+        if bias is not None:  # H has a ones column (input_covariances); a bias is always local
+            w = np.concatenate([w, bias.detach().double().numpy()[:, None]], 1)
         energy = max(float(np.einsum("oi,ij,oj->", w, h, w)), 1e-30)
         for j in range(part.nodes):
             rows = np.nonzero(ly.out_owner == j)[0]
@@ -201,7 +192,7 @@ def greedy_scores(dm: DiscoModel, batches: Batches, sensitivity: bool = True, pr
             cl = ly.col_link[j]
             local = np.nonzero(cl == ly.LOCAL)[0]
             cand = np.nonzero(cl >= 0)[0]
-            if bias:
+            if bias is not None:
                 local = np.append(local, w.shape[1] - 1)
             if not len(cand):
                 continue
